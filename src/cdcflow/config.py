@@ -1,0 +1,212 @@
+"""Pipeline configuration: YAML file + ``${ENV_VAR}`` interpolation + ``CDCFLOW__SECTION__KEY``.
+
+Precedence (highest first): environment overrides ``CDCFLOW__<SECTION>__<KEY>`` (for example
+``CDCFLOW__PROCESSING__DELETE_MODE=hard``), then the YAML file, then the defaults below.
+Unknown keys are errors that name the key and the file.
+
+Durations are written as ``<number><unit>`` with unit ``ms``, ``s``, ``m``, ``h`` or ``d``
+(``30d``, ``5m``, ``10s``), or as a plain number of seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from cdcflow.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def parse_duration(value: object) -> timedelta:
+    """Parse ``30d`` / ``5m`` / ``10s`` / ``250ms`` / a number of seconds into a timedelta.
+
+    Raises:
+        ValueError: the text is not a non-negative duration.
+    """
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        return timedelta(seconds=float(value))
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"not a duration (expected e.g. 30d, 5m, 10s): {value!r}")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PipelineSection(_Section):
+    """``pipeline``: name (used as the Delta app-transaction id) and engine."""
+
+    name: str = Field(default="customers", pattern=r"^[A-Za-z0-9_.-]+$")
+    engine: Literal["local", "spark"] = "local"
+
+
+class StorageSection(_Section):
+    """``storage``: root of every Delta table (local path or object-store URI)."""
+
+    root: str = "./lakehouse"
+    options: dict[str, str] = Field(default_factory=dict)
+
+
+class SourceSection(_Section):
+    """``source``: landing folder of JSON-lines files and the micro-batch size limit."""
+
+    type: Literal["files"] = "files"
+    format: Literal["flat"] = "flat"
+    path: str = "./landing"
+    max_files_per_trigger: int = Field(default=1000, ge=1)
+
+
+class CheckpointSection(_Section):
+    """``checkpoint``: folder holding the offset log, commit log and run lock (local path)."""
+
+    location: str = "./lakehouse/_checkpoints/customers"
+
+
+class ProcessingSection(_Section):
+    """``processing``: CDC rules (delete mode, validation parameters, lateness)."""
+
+    delete_mode: Literal["soft", "hard"] = "soft"
+    tombstone_retention: Duration = timedelta(days=30)
+    customer_id_pattern: str = r"^C-[0-9]+$"
+    max_clock_skew: Duration = timedelta(minutes=5)
+    late_event_threshold: Duration = timedelta(hours=24)
+
+    @field_validator("customer_id_pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+
+class LoggingSection(_Section):
+    """``logging``: level of the JSON log written to stderr."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class CdcflowConfig(BaseSettings):
+    """The whole configuration of one pipeline."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CDCFLOW__", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
+    source: SourceSection = Field(default_factory=SourceSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    processing: ProcessingSection = Field(default_factory=ProcessingSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides win over the YAML file (passed as init kwargs).
+        return (env_settings, init_settings)
+
+    def table_uri(self, name: str) -> str:
+        """URI of the Delta table ``name`` (e.g. ``silver/customers``) under ``storage.root``."""
+        root = self.storage.root.rstrip("/")
+        if "://" in root:
+            return f"{root}/{name}"
+        return str(Path(root).resolve() / name)
+
+
+def _interpolate(value: Any, file: Path) -> Any:
+    if isinstance(value, str):
+
+        def repl(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{file}: environment variable ${{{name}}} is not set")
+
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, file) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, file) for v in value]
+    return value
+
+
+def _resolve_relative(raw: dict[str, Any], base: Path) -> None:
+    """Resolve relative local paths against the config file's folder."""
+    for section, key in (("storage", "root"), ("source", "path"), ("checkpoint", "location")):
+        sect = raw.get(section)
+        if isinstance(sect, dict) and isinstance(sect.get(key), str):
+            val = sect[key]
+            if "://" not in val and not os.path.isabs(val):
+                sect[key] = str((base / val).resolve())
+
+
+def load_config(path: str | Path) -> CdcflowConfig:
+    """Load, interpolate and validate a YAML config file.
+
+    Relative paths in ``storage.root``, ``source.path`` and ``checkpoint.location`` are resolved
+    against the current working directory (the folder the command runs in).
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, is not a YAML mapping, references an unset
+            environment variable, or has an unknown or invalid key (the message names the key and
+            the file).
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read config file ({exc.strerror})") from exc
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of sections")
+    raw = _interpolate(raw, file)
+    _resolve_relative(raw, Path.cwd())
+    try:
+        return CdcflowConfig(**raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"key '{key}': {msg}")
+        raise ConfigError(f"{file}: " + "; ".join(problems)) from None

@@ -1,0 +1,1 @@
+"""Local engine: delta-rs + Polars + PyArrow, no JVM."""

@@ -1,0 +1,425 @@
+"""Local engine: runs one micro-batch through Bronze, quarantine, Silver and the audit tables.
+
+Order of writes (each guarded by the Delta app transaction ``cdcflow-<pipeline>`` with
+version = batch id, so a re-run after a crash writes nothing twice):
+
+1. Bronze append (accepted deliveries, duplicates included)
+2. quarantine append (rejected records)
+3. Silver MERGE (folded batch) and, in hard mode, the tombstone MERGE and purge
+4. ``audit/event_outcomes`` and ``audit/batch_log`` appends
+
+Every value a re-run depends on is deterministic: the batch's processing time comes from the
+offset log, duplicate detection reads Bronze strictly before this batch, and outcomes compare
+sequences in a way the batch's own Silver commit does not change.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import (
+    DeltaStore,
+    append_once,
+    commit_props,
+    read_where_in,
+    txn_done,
+)
+from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
+from cdcflow.layers.tables import (
+    ALL_TABLES,
+    BATCH_LOG,
+    BRONZE,
+    EVENT_OUTCOMES,
+    QUARANTINE,
+    SILVER,
+    TOMBSTONES,
+)
+from cdcflow.logs import get_logger
+from cdcflow.model.events import ATTRIBUTES, CdcEvent
+from cdcflow.plan.dedup import Delivery, classify
+from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, silver_merge_spec
+from cdcflow.plan.rules import Rejection, RuleSet, validate_record
+from cdcflow.report import BatchReport
+from cdcflow.sources.files import RawRecord, read_records
+from cdcflow.state.checkpoint import BatchOffsets
+from cdcflow.state.faults import crash_point
+
+log = get_logger("engine.local")
+
+#: Columns of Bronze that the fold reads.
+FOLD_COLUMNS = [
+    "customer_id",
+    "event_id",
+    "operation",
+    "event_timestamp",
+    *ATTRIBUTES,
+    "present_mask",
+    "lsn",
+    "sequence",
+]
+
+
+class LocalEngine:
+    """The embedded engine (delta-rs + Polars + PyArrow)."""
+
+    def __init__(self, config: CdcflowConfig) -> None:
+        self.config = config
+        self.mode = config.processing.delete_mode
+        self.app_id = f"cdcflow-{config.pipeline.name}"
+        self.store = DeltaStore(
+            {spec.name: config.table_uri(spec.name) for spec in ALL_TABLES},
+            config.storage.options,
+        )
+        for spec in ALL_TABLES:
+            self.store.ensure(spec)
+
+    # ------------------------------------------------------------------ stages
+    def _parse(
+        self, offsets: BatchOffsets, report: BatchReport
+    ) -> tuple[list[RawRecord], list[Delivery], list[tuple[int, Rejection]]]:
+        rules = RuleSet(
+            customer_id_pattern=re.compile(self.config.processing.customer_id_pattern),
+            processing_time=offsets.processing_time,
+            max_clock_skew=self.config.processing.max_clock_skew,
+        )
+        records: list[RawRecord] = []
+        candidates: list[tuple[int, CdcEvent]] = []
+        rejected: list[tuple[int, Rejection]] = []
+        for file in offsets.files:
+            for record in read_records(file):
+                position = len(records)
+                records.append(record)
+                if record.data is None:
+                    rejected.append(
+                        (position, Rejection("MALFORMED_JSON", record.error or "unreadable"))
+                    )
+                    continue
+                result = validate_record(record.data, rules)
+                if isinstance(result, Rejection):
+                    rejected.append((position, result))
+                else:
+                    candidates.append((position, result))
+        prior = self._prior_hashes({e.event_id for _, e in candidates}, offsets.batch_id)
+        deliveries, conflicts = classify(candidates, prior)
+        rejected.extend(conflicts)
+        rejected.sort(key=lambda item: item[0])
+        report.records_received = len(records)
+        return records, deliveries, rejected
+
+    def _prior_hashes(self, event_ids: set[str], batch_id: int) -> dict[str, str]:
+        if not event_ids:
+            return {}
+        found = read_where_in(
+            self.store.table(BRONZE),
+            "event_id",
+            event_ids,
+            ["event_id", "content_hash"],
+            extra=ds.field("batch_id") < batch_id,
+        )
+        return dict(zip(found["event_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
+
+    def _bronze_table(
+        self, offsets: BatchOffsets, records: list[RawRecord], deliveries: list[Delivery]
+    ) -> pa.Table:
+        now = offsets.processing_time
+        cols: dict[str, list[object]] = {name: [] for name in BRONZE.schema.names}
+        for delivery in deliveries:
+            event, record = delivery.event, records[delivery.position]
+            assert record.data is not None
+            cols["batch_id"].append(offsets.batch_id)
+            cols["ingested_at"].append(now)
+            cols["ingestion_date"].append(now.date())
+            cols["source_file"].append(record.source_file)
+            cols["source_line"].append(record.source_line)
+            cols["raw_payload"].append(record.data.decode("utf-8"))
+            cols["event_id"].append(event.event_id)
+            cols["customer_id"].append(event.customer_id)
+            cols["operation"].append(event.operation.value)
+            cols["event_timestamp"].append(event.event_timestamp)
+            for name in ATTRIBUTES:
+                cols[name].append(event.values.get(name))
+            cols["present_mask"].append(event.present_mask)
+            cols["source_table"].append(event.source_table)
+            cols["lsn"].append(event.lsn)
+            cols["lsn_key"].append(event.sequence[:32])
+            cols["tx_id"].append(event.tx_id)
+            cols["sequence"].append(event.sequence)
+            cols["content_hash"].append(event.content_hash)
+            cols["is_duplicate"].append(delivery.is_duplicate)
+        return pa.Table.from_pydict(cols, schema=BRONZE.schema)
+
+    def _quarantine_table(
+        self,
+        offsets: BatchOffsets,
+        records: list[RawRecord],
+        rejected: list[tuple[int, Rejection]],
+    ) -> pa.Table:
+        cols: dict[str, list[object]] = {name: [] for name in QUARANTINE.schema.names}
+        for position, rejection in rejected:
+            record = records[position]
+            raw = record.data.decode("utf-8", errors="backslashreplace") if record.data else ""
+            cols["batch_id"].append(offsets.batch_id)
+            cols["quarantined_at"].append(offsets.processing_time)
+            cols["source_file"].append(record.source_file)
+            cols["source_line"].append(record.source_line)
+            cols["raw_line"].append(raw)
+            cols["failure_reason"].append(rejection.reason)
+            cols["failure_detail"].append(rejection.detail)
+            cols["event_id"].append(rejection.event_id)
+            cols["customer_id"].append(rejection.customer_id)
+        return pa.Table.from_pydict(cols, schema=QUARANTINE.schema)
+
+    def _read_tombstones(self, keys: list[str]) -> pl.DataFrame:
+        table = read_where_in(
+            self.store.table(TOMBSTONES), "customer_id", keys, ["customer_id", "_cdc_seq"]
+        )
+        return pl.from_arrow(table)  # type: ignore[return-value]
+
+    def _read_targets(self, keys: list[str]) -> pl.DataFrame:
+        table = read_where_in(
+            self.store.table(SILVER),
+            "customer_id",
+            keys,
+            ["customer_id", "_cdc_seq", "_cdc_min_seq"],
+        )
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame.rename({"_cdc_seq": "_t_seq", "_cdc_min_seq": "_t_min_seq"})
+
+    def _history_of(self, keys: list[str], batch_id: int) -> pl.DataFrame:
+        """All first-copy Bronze events of ``keys`` up to and including ``batch_id``."""
+        table = read_where_in(
+            self.store.table(BRONZE),
+            "customer_id",
+            keys,
+            FOLD_COLUMNS,
+            extra=(ds.field("batch_id") <= batch_id) & (~ds.field("is_duplicate")),
+        )
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def _merge_silver(
+        self, events: pl.DataFrame, targets: pl.DataFrame, batch_id: int, now_tombs: pl.DataFrame
+    ) -> None:
+        silver = self.store.table(SILVER)
+        if events.height == 0 or txn_done(silver, self.app_id, batch_id):
+            return
+        source = fold_events(events, self.mode, now_tombs if self.mode == "hard" else None)
+        if self.mode == "hard":
+            # A DELETE slotted between a row's first and last events: the row's created_at (and
+            # which events survive) needs the key's whole history, so fold it from Bronze.
+            tombs = batch_tombstones(events).select("customer_id", pl.col("_cdc_seq").alias("_tb"))
+            split = targets.join(tombs, on="customer_id").filter(
+                (pl.col("_t_min_seq") <= pl.col("_tb")) & (pl.col("_tb") < pl.col("_t_seq"))
+            )
+            if split.height:
+                keys = split["customer_id"].to_list()
+                exact = fold_events(self._history_of(keys, batch_id), "hard", None)
+                source = pl.concat(
+                    [source.filter(~pl.col("customer_id").is_in(keys)), exact], how="vertical"
+                )
+        spec = silver_merge_spec(SILVER.schema.names)
+        (
+            silver.merge(
+                to_source_table(source),
+                predicate=spec.on,
+                source_alias="s",
+                target_alias="t",
+                commit_properties=commit_props(self.app_id, batch_id),
+            )
+            .when_matched_delete(predicate=spec.delete_when)
+            .when_matched_update(updates=spec.update_set, predicate=spec.update_when)
+            .when_not_matched_insert(updates=spec.insert_values, predicate=spec.insert_when)
+            .execute()
+        )
+
+    def _merge_tombstones(self, events: pl.DataFrame, offsets: BatchOffsets) -> None:
+        table = self.store.table(TOMBSTONES)
+        batch_id = offsets.batch_id
+        tombs = batch_tombstones(events)
+        if tombs.height and not txn_done(table, self.app_id, batch_id):
+            source = tombs.with_columns(
+                pl.lit(offsets.processing_time).dt.cast_time_unit("us").alias("tombstoned_at")
+            ).select(TOMBSTONES.schema.names)
+            (
+                table.merge(
+                    source.to_arrow().cast(TOMBSTONES.schema),
+                    predicate=TOMBSTONE_MERGE_ON,
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=commit_props(self.app_id, batch_id),
+                )
+                .when_matched_update_all(predicate=TOMBSTONE_UPDATE_WHEN)
+                .when_not_matched_insert_all()
+                .execute()
+            )
+        # purge tombstones past their retention (relative to the batch's processing time)
+        purge_app = f"{self.app_id}-tombstone-purge"
+        table = self.store.table(TOMBSTONES)
+        cutoff = offsets.processing_time - self.config.processing.tombstone_retention
+        expired = ds.field("tombstoned_at") < pa.scalar(cutoff, BRONZE.schema.field("ingested_at").type)
+        if not txn_done(table, purge_app, batch_id) and table.to_pyarrow_dataset().count_rows(
+            filter=expired
+        ):
+            table.delete(
+                f"tombstoned_at < '{cutoff.isoformat()}'",
+                commit_properties=commit_props(purge_app, batch_id),
+            )
+
+    def _outcomes(
+        self,
+        offsets: BatchOffsets,
+        records: list[RawRecord],
+        deliveries: list[Delivery],
+        targets: pl.DataFrame,
+        prior_tombs: pl.DataFrame,
+        report: BatchReport,
+    ) -> pa.Table:
+        threshold = self.config.processing.late_event_threshold.total_seconds()
+        now = offsets.processing_time
+        frame = pl.DataFrame(
+            {
+                "batch_id": [offsets.batch_id] * len(deliveries),
+                "event_id": [d.event.event_id for d in deliveries],
+                "customer_id": [d.event.customer_id for d in deliveries],
+                "operation": [d.event.operation.value for d in deliveries],
+                "lsn": [d.event.lsn for d in deliveries],
+                "sequence": [d.event.sequence for d in deliveries],
+                "is_duplicate": [d.is_duplicate for d in deliveries],
+                "lag_s": [(now - d.event.event_timestamp).total_seconds() for d in deliveries],
+                "source_file": [records[d.position].source_file for d in deliveries],
+                "source_line": [records[d.position].source_line for d in deliveries],
+            },
+            schema_overrides={"event_id": pl.String, "customer_id": pl.String},
+        )
+        batch_max = (
+            frame.filter(~pl.col("is_duplicate"))
+            .group_by("customer_id")
+            .agg(pl.col("sequence").max().alias("_b_max"))
+        )
+        prior = prior_tombs.select("customer_id", pl.col("_cdc_seq").alias("_t_tomb"))
+        frame = (
+            frame.join(batch_max, on="customer_id", how="left")
+            .join(targets.select("customer_id", "_t_seq"), on="customer_id", how="left")
+            .join(prior, on="customer_id", how="left")
+        )
+        outcome = (
+            pl.when(pl.col("is_duplicate"))
+            .then(pl.lit("DUPLICATE"))
+            .when(pl.col("sequence") < pl.col("_b_max"))
+            .then(pl.lit("SUPERSEDED_IN_BATCH"))
+            .when(pl.col("sequence") < pl.col("_t_tomb").fill_null(""))
+            .then(pl.lit("TOMBSTONED"))
+            .when(pl.col("sequence") < pl.col("_t_seq").fill_null(""))
+            .then(pl.lit("STALE"))
+            .otherwise(pl.lit("APPLIED"))
+        )
+        frame = frame.with_columns(
+            outcome.alias("outcome"), (pl.col("lag_s") > threshold).alias("is_late")
+        )
+        counts = frame.group_by("outcome").len()
+        by_outcome = dict(zip(counts["outcome"].to_list(), counts["len"].to_list(), strict=True))
+        report.stale_ignored = by_outcome.get("STALE", 0)
+        report.tombstoned = by_outcome.get("TOMBSTONED", 0)
+        report.late_events = int(frame["is_late"].sum())
+        report.max_event_lag_s = frame["lag_s"].max() if frame.height else None  # type: ignore[assignment]
+        return frame.select(EVENT_OUTCOMES.schema.names).to_arrow().cast(EVENT_OUTCOMES.schema)
+
+    # ------------------------------------------------------------------ batch
+    def run_batch(self, offsets: BatchOffsets) -> BatchReport:
+        """Process one micro-batch (idempotent: a re-run after a crash writes nothing twice).
+
+        Args:
+            offsets: the batch's files and processing time, from the checkpoint's offset log.
+
+        Returns:
+            The batch report (also appended to ``audit/batch_log``).
+        """
+        batch_id = offsets.batch_id
+        report = BatchReport(
+            batch_id=batch_id,
+            pipeline=self.config.pipeline.name,
+            kind="stream",
+            started_at=offsets.processing_time,
+            files=len(offsets.files),
+            delete_mode=self.mode,
+        )
+        started = time.perf_counter()
+
+        with _stage(report, "parse"):
+            records, deliveries, rejected = self._parse(offsets, report)
+            bronze_rows = self._bronze_table(offsets, records, deliveries)
+            quarantine_rows = self._quarantine_table(offsets, records, rejected)
+        report.accepted = bronze_rows.num_rows
+        report.quarantined = quarantine_rows.num_rows
+        report.duplicates = sum(d.is_duplicate for d in deliveries)
+        for delivery in deliveries:
+            if not delivery.is_duplicate:
+                op = delivery.event.operation.value
+                if op == "INSERT":
+                    report.inserts += 1
+                elif op == "UPDATE":
+                    report.updates += 1
+                else:
+                    report.deletes += 1
+
+        with _stage(report, "bronze"):
+            append_once(self.store.table(BRONZE), bronze_rows, self.app_id, batch_id, BRONZE)
+        crash_point("after_bronze", batch_id)
+        with _stage(report, "quarantine"):
+            append_once(
+                self.store.table(QUARANTINE), quarantine_rows, self.app_id, batch_id, QUARANTINE
+            )
+        crash_point("after_quarantine", batch_id)
+
+        with _stage(report, "silver"):
+            events = pl.from_arrow(
+                bronze_rows.filter(pa.compute.invert(bronze_rows["is_duplicate"])).select(
+                    FOLD_COLUMNS
+                )
+            )
+            assert isinstance(events, pl.DataFrame)
+            keys = events["customer_id"].unique().to_list()
+            targets = self._read_targets(keys)
+            prior_tombs = self._read_tombstones(keys)
+            self._merge_silver(events, targets, batch_id, prior_tombs)
+            if self.mode == "hard":
+                self._merge_tombstones(events, offsets)
+            report.silver_version = self.store.table(SILVER).version()
+        crash_point("after_silver", batch_id)
+
+        with _stage(report, "audit"):
+            outcomes = self._outcomes(offsets, records, deliveries, targets, prior_tombs, report)
+            append_once(
+                self.store.table(EVENT_OUTCOMES), outcomes, self.app_id, batch_id, EVENT_OUTCOMES
+            )
+            report.duration_ms = int((time.perf_counter() - started) * 1000)
+            log_row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
+            append_once(self.store.table(BATCH_LOG), log_row, self.app_id, batch_id, BATCH_LOG)
+        crash_point("after_audit", batch_id)
+        log.info("micro-batch committed", extra={"batch": report.log_fields()})
+        return report
+
+
+@contextmanager
+def _stage(report: BatchReport, name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.stage_seconds[name] = report.stage_seconds.get(name, 0.0) + (
+            time.perf_counter() - started
+        )
+
+
+__all__ = ["LocalEngine"]

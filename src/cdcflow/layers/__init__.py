@@ -1,0 +1,1 @@
+"""Table definitions of the lakehouse layers (Bronze, quarantine, Silver, audit)."""

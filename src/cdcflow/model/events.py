@@ -1,0 +1,100 @@
+"""Canonical CDC event: operations, attribute columns and the total-order sequence.
+
+The **sequence** of an event is the tuple (numeric LSN, event_timestamp as a UTC instant,
+event_id), compared in that order. It is encoded as one string whose plain (byte / code point)
+order equals the tuple order, so every engine can compare sequences with ``<`` on strings::
+
+    <LSN as 32 hex digits> "." <UTC timestamp as YYYYMMDDHHMMSSffffff> "." <event_id>
+
+The two first fields have fixed width, so comparing the strings compares LSN, then time, then
+event_id in plain string order. Timestamps keep microsecond precision (Delta's precision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from cdcflow.model.lsn import lsn_key
+
+
+class Operation(StrEnum):
+    """Normalised CDC operation."""
+
+    INSERT = "INSERT"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+
+
+#: Accepted spellings (after trimming and upper-casing) → operation. C/R/I are Debezium's
+#: create/read (snapshot) and a common insert code; U and D are update and delete.
+OPERATION_ALIASES: dict[str, Operation] = {
+    "INSERT": Operation.INSERT,
+    "UPDATE": Operation.UPDATE,
+    "DELETE": Operation.DELETE,
+    "C": Operation.INSERT,
+    "R": Operation.INSERT,
+    "I": Operation.INSERT,
+    "U": Operation.UPDATE,
+    "D": Operation.DELETE,
+}
+
+#: Customer lifecycle statuses.
+STATUSES = ("ACTIVE", "INACTIVE", "SUSPENDED", "DELETED")
+
+#: Customer columns carried by INSERT/UPDATE payloads, each with its own sequence register in
+#: Silver. ``status`` is last. The bit ``1 << index`` marks the column present in a payload.
+ATTRIBUTES = ("customer_name", "email", "phone", "city", "country", "status")
+ATTRIBUTE_BIT = {name: 1 << i for i, name in enumerate(ATTRIBUTES)}
+#: Attributes that may hold personal data and must never be logged.
+PII_ATTRIBUTES = ("customer_name", "email", "phone")
+
+
+def sequence_of(lsn_number: int, event_timestamp: datetime, event_id: str) -> str:
+    """Encode (LSN, timestamp, event_id) as an order-preserving string (see module doc)."""
+    ts = event_timestamp.astimezone(UTC)
+    return f"{lsn_key(lsn_number)}.{ts:%Y%m%d%H%M%S%f}.{event_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CdcEvent:
+    """One accepted change event, normalised.
+
+    Attributes:
+        event_id: trimmed event id.
+        customer_id: trimmed business key.
+        operation: normalised operation.
+        event_timestamp: UTC instant of the source change.
+        values: attribute name → value (string or None) for the attributes present in the payload
+            (``status`` upper-cased). Absent attributes are not in the mapping.
+        lsn: the raw LSN text as received (JSON numbers as their text).
+        lsn_number: the numeric LSN.
+        tx_id: source transaction id or None.
+        source_table: source table name or None.
+        content_hash: SHA-256 of the canonical JSON of the whole record (duplicate detection).
+    """
+
+    event_id: str
+    customer_id: str
+    operation: Operation
+    event_timestamp: datetime
+    values: dict[str, str | None]
+    lsn: str
+    lsn_number: int
+    tx_id: str | None
+    source_table: str | None
+    content_hash: str
+
+    @property
+    def sequence(self) -> str:
+        """The event's total-order sequence string."""
+        return sequence_of(self.lsn_number, self.event_timestamp, self.event_id)
+
+    @property
+    def present_mask(self) -> int:
+        """Bit mask of the attributes present in the payload (``ATTRIBUTE_BIT``)."""
+        mask = 0
+        for name in self.values:
+            mask |= ATTRIBUTE_BIT[name]
+        return mask

@@ -1,0 +1,173 @@
+"""Micro-batch driver: triggers, write-ahead offsets, engine call, commit marker.
+
+Triggers (the ``--trigger`` option of ``cdcflow run``):
+
+* ``once`` — all unprocessed landing files as one micro-batch, then return.
+* ``available-now`` — all unprocessed files in micro-batches of at most
+  ``source.max_files_per_trigger`` files, then return.
+* ``processing-time=<duration>`` — one micro-batch (at most ``max_files_per_trigger`` files) per
+  interval until SIGINT/SIGTERM; the batch in progress finishes before the run stops.
+
+A batch left without a commit marker by a crash is always re-run first, with its recorded
+offsets.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+
+from cdcflow.config import CdcflowConfig, parse_duration
+from cdcflow.engines import Engine, get_engine
+from cdcflow.errors import ConfigError
+from cdcflow.logs import get_logger
+from cdcflow.report import BatchReport
+from cdcflow.sources.files import list_landing
+from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
+from cdcflow.state.faults import crash_point
+
+log = get_logger("pipeline")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A parsed ``--trigger`` value.
+
+    Attributes:
+        kind: ``once``, ``available-now`` or ``processing-time``.
+        interval: the interval of ``processing-time`` (None otherwise).
+    """
+
+    kind: str
+    interval: timedelta | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Trigger:
+        """Parse ``once`` | ``available-now`` | ``processing-time=10s``.
+
+        Raises:
+            ConfigError: any other value.
+        """
+        value = text.strip().lower()
+        if value in ("once", "available-now"):
+            return cls(value)
+        if value.startswith("processing-time="):
+            try:
+                interval = parse_duration(value.split("=", 1)[1])
+            except ValueError as exc:
+                raise ConfigError(f"--trigger: {exc}") from None
+            if interval.total_seconds() <= 0:
+                raise ConfigError("--trigger: processing-time interval must be positive")
+            return cls("processing-time", interval)
+        raise ConfigError(
+            f"--trigger: expected once, available-now or processing-time=<duration>, got {text!r}"
+        )
+
+
+class Pipeline:
+    """One configured pipeline: source → engine → checkpoint."""
+
+    def __init__(self, config: CdcflowConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.checkpoint = Checkpoint(config.checkpoint.location)
+        self.engine = engine or get_engine(config)
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask a continuous run to stop after the current micro-batch."""
+        self._stop.set()
+
+    def _next_offsets(self, max_files: int | None) -> BatchOffsets | None:
+        pending = self.checkpoint.pending()
+        if pending is not None:
+            log.info("re-running uncommitted micro-batch", extra={"batch_id": pending.batch_id})
+            return pending
+        done = self.checkpoint.processed_paths()
+        new = [f for f in list_landing(self.config.source.path) if f.path not in done]
+        if not new:
+            return None
+        if max_files is not None:
+            new = new[:max_files]
+        last = self.checkpoint.last_batch()
+        offsets = BatchOffsets(
+            batch_id=0 if last is None else last + 1,
+            processing_time=datetime.now(UTC),
+            files=tuple(new),
+        )
+        self.checkpoint.write_offsets(offsets)
+        crash_point("after_offsets", offsets.batch_id)
+        return offsets
+
+    def _run_one(self, offsets: BatchOffsets) -> BatchReport:
+        report = self.engine.run_batch(offsets)
+        crash_point("before_commit", offsets.batch_id)
+        self.checkpoint.write_commit(
+            offsets.batch_id,
+            {"committed_at": datetime.now(UTC).isoformat(), "silver_version": report.silver_version},
+        )
+        return report
+
+    def run(
+        self, trigger: Trigger, on_batch: Callable[[BatchReport], None] | None = None
+    ) -> list[BatchReport]:
+        """Run micro-batches according to the trigger.
+
+        Args:
+            trigger: the trigger.
+            on_batch: called with each batch report as soon as the batch is committed.
+
+        Returns:
+            The reports of the batches run, in order.
+
+        Raises:
+            CheckpointError: another run holds the checkpoint lock, or it is unreadable.
+        """
+        reports: list[BatchReport] = []
+
+        def done(report: BatchReport) -> None:
+            reports.append(report)
+            if on_batch:
+                on_batch(report)
+
+        with self.checkpoint.lock():
+            if trigger.kind == "processing-time":
+                assert trigger.interval is not None
+                with _stop_on_signals(self.stop):
+                    while not self._stop.is_set():
+                        offsets = self._next_offsets(self.config.source.max_files_per_trigger)
+                        if offsets is not None:
+                            done(self._run_one(offsets))
+                        self._stop.wait(trigger.interval.total_seconds())
+                return reports
+            # a crashed batch is re-run with its own offsets before anything new
+            pending = self.checkpoint.pending()
+            if pending is not None:
+                done(self._run_one(pending))
+            limit = None if trigger.kind == "once" else self.config.source.max_files_per_trigger
+            while True:
+                offsets = self._next_offsets(limit)
+                if offsets is None:
+                    break
+                done(self._run_one(offsets))
+                if trigger.kind == "once":
+                    break
+        return reports
+
+
+@contextmanager
+def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,1 @@
+"""Engine-neutral CDC plan: validation rules, duplicate classification, fold and MERGE spec."""

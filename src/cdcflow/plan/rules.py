@@ -1,0 +1,254 @@
+"""Validation of one raw record of the ``flat`` event contract.
+
+A record that fails a check is quarantined with the FIRST failing reason, in this order
+(``REASONS``):
+
+1. ``MALFORMED_JSON`` — not valid UTF-8, not valid JSON, or not a JSON object.
+2. ``NULL_CUSTOMER_ID`` — customer_id missing, null, empty or blank.
+3. ``INVALID_CUSTOMER_ID_FORMAT`` — not a string matching ``processing.customer_id_pattern``
+   after trimming.
+4. ``NULL_EVENT_ID`` — event_id missing, null or blank.
+5. ``INVALID_OPERATION`` — after trimming and upper-casing, not INSERT/UPDATE/DELETE nor an alias
+   (C, R, I → INSERT; U → UPDATE; D → DELETE).
+6. ``NULL_EVENT_TIMESTAMP`` — event_timestamp missing, null or blank.
+7. ``INVALID_EVENT_TIMESTAMP`` — neither an ISO-8601 string (offsets and ``Z`` allowed, no
+   offset means UTC, any number of fractional digits) nor integer epoch milliseconds.
+8. ``FUTURE_EVENT_TIMESTAMP`` — later than processing time + ``processing.max_clock_skew``.
+9. ``NULL_LSN`` — ``metadata`` or ``metadata.lsn`` missing, null or blank.
+10. ``INVALID_LSN`` — not a notation of :mod:`cdcflow.model.lsn`.
+11. ``INVALID_STATUS`` — an INSERT without a valid status, or an INSERT/UPDATE whose status is
+    present but not ACTIVE, INACTIVE, SUSPENDED or DELETED (trimmed, case-insensitive). An
+    UPDATE may omit status; a DELETE's status is ignored.
+12. ``SCHEMA_MISMATCH`` — an attribute (or event_id, metadata.source_table, metadata.tx_id) is a
+    JSON object or array. Numbers and booleans are kept as their JSON text.
+13. ``DUPLICATE_EVENT_CONFLICT`` — decided later, by :mod:`cdcflow.plan.dedup`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cdcflow.model.events import ATTRIBUTES, OPERATION_ALIASES, STATUSES, CdcEvent, Operation
+from cdcflow.model.lsn import LsnError, parse_lsn
+
+REASONS = (
+    "MALFORMED_JSON",
+    "NULL_CUSTOMER_ID",
+    "INVALID_CUSTOMER_ID_FORMAT",
+    "NULL_EVENT_ID",
+    "INVALID_OPERATION",
+    "NULL_EVENT_TIMESTAMP",
+    "INVALID_EVENT_TIMESTAMP",
+    "FUTURE_EVENT_TIMESTAMP",
+    "NULL_LSN",
+    "INVALID_LSN",
+    "INVALID_STATUS",
+    "SCHEMA_MISMATCH",
+    "DUPLICATE_EVENT_CONFLICT",
+)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A record that failed validation.
+
+    Attributes:
+        reason: one of ``REASONS``.
+        detail: human-readable explanation (never contains attribute values).
+        event_id: the event id when it could be read, else None.
+        customer_id: the customer id when it could be read, else None.
+    """
+
+    reason: str
+    detail: str
+    event_id: str | None = None
+    customer_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """Parameters of the validation rules (from the ``processing`` config section).
+
+    Attributes:
+        customer_id_pattern: compiled regular expression a trimmed customer_id must match.
+        processing_time: the micro-batch's processing time (UTC); fixed per batch so a re-run of
+            the batch validates identically.
+        max_clock_skew: tolerance for event timestamps in the future.
+    """
+
+    customer_id_pattern: re.Pattern[str]
+    processing_time: datetime
+    max_clock_skew: timedelta
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip() == "")
+
+
+def _json_text(value: Any) -> str | None:
+    """Scalar JSON value → stored text (strings as-is, numbers/booleans as JSON text)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def parse_event_timestamp(value: Any) -> datetime:
+    """Parse an event timestamp into an aware UTC datetime (microsecond precision).
+
+    Args:
+        value: an ISO-8601 string (``Z`` or offsets allowed, no offset = UTC, any number of
+            fractional digits, truncated to microseconds) or an integer of epoch milliseconds.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if isinstance(value, bool):
+        raise ValueError("boolean is not a timestamp")
+    if isinstance(value, int):
+        try:
+            return _EPOCH + timedelta(milliseconds=value)
+        except OverflowError as exc:
+            raise ValueError("epoch milliseconds out of range") from exc
+    if isinstance(value, str):
+        parsed = datetime.fromisoformat(value.strip())
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
+    raise ValueError(f"{type(value).__name__} is not a timestamp")
+
+
+def content_hash(record: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a record (key order and whitespace do not matter)."""
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
+    """Validate one raw record (one non-blank line) against the ``flat`` contract.
+
+    Args:
+        raw: the line, as bytes (checked for UTF-8) or text.
+        rules: the batch's rule parameters.
+
+    Returns:
+        The normalised :class:`CdcEvent`, or a :class:`Rejection` with the first failing reason.
+    """
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return Rejection("MALFORMED_JSON", f"not valid UTF-8 at byte {exc.start}")
+    else:
+        text = raw
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return Rejection("MALFORMED_JSON", f"not valid JSON: {str(exc)[:120]}")
+    if not isinstance(record, dict):
+        return Rejection("MALFORMED_JSON", f"JSON {type(record).__name__} is not an object")
+    return validate_object(record, rules)
+
+
+def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Rejection:
+    """Validate an already-parsed JSON object; see :func:`validate_record`."""
+    raw_cid = record.get("customer_id")
+    if _blank(raw_cid):
+        return Rejection("NULL_CUSTOMER_ID", "customer_id is missing, null or blank")
+    if not isinstance(raw_cid, str) or not rules.customer_id_pattern.search(raw_cid.strip()):
+        return Rejection(
+            "INVALID_CUSTOMER_ID_FORMAT",
+            f"customer_id does not match {rules.customer_id_pattern.pattern!r}",
+        )
+    customer_id = raw_cid.strip()
+
+    raw_eid = record.get("event_id")
+    if _blank(raw_eid):
+        return Rejection("NULL_EVENT_ID", "event_id is missing, null or blank", None, customer_id)
+    event_id = raw_eid.strip() if isinstance(raw_eid, str) else None
+
+    def reject(reason: str, detail: str) -> Rejection:
+        return Rejection(reason, detail, event_id, customer_id)
+
+    raw_op = record.get("operation")
+    operation = OPERATION_ALIASES.get(raw_op.strip().upper()) if isinstance(raw_op, str) else None
+    if operation is None:
+        shown = raw_op if isinstance(raw_op, str | None) else type(raw_op).__name__
+        return reject("INVALID_OPERATION", f"unknown operation {str(shown)[:40]!r}")
+
+    raw_ts = record.get("event_timestamp")
+    if _blank(raw_ts):
+        return reject("NULL_EVENT_TIMESTAMP", "event_timestamp is missing, null or blank")
+    try:
+        event_timestamp = parse_event_timestamp(raw_ts)
+    except (ValueError, OverflowError) as exc:
+        return reject("INVALID_EVENT_TIMESTAMP", f"event_timestamp not ISO-8601 or epoch ms: {exc}")
+    if event_timestamp > rules.processing_time + rules.max_clock_skew:
+        return reject(
+            "FUTURE_EVENT_TIMESTAMP",
+            f"event_timestamp {event_timestamp.isoformat()} is later than processing time "
+            f"{rules.processing_time.isoformat()} + max_clock_skew",
+        )
+
+    metadata = record.get("metadata")
+    raw_lsn = metadata.get("lsn") if isinstance(metadata, dict) else None
+    if _blank(raw_lsn):
+        return reject("NULL_LSN", "metadata.lsn is missing, null or blank")
+    try:
+        lsn_number = parse_lsn(raw_lsn)
+    except LsnError as exc:
+        return reject("INVALID_LSN", str(exc))
+
+    values: dict[str, str | None] = {}
+    if operation is not Operation.DELETE:
+        if "status" in record:
+            status = record["status"]
+            norm = status.strip().upper() if isinstance(status, str) else None
+            if norm not in STATUSES:
+                return reject("INVALID_STATUS", "status is not ACTIVE, INACTIVE, SUSPENDED or DELETED")
+            values["status"] = norm
+        elif operation is Operation.INSERT:
+            return reject("INVALID_STATUS", "an INSERT must carry a status")
+
+    structured = [
+        name
+        for name in ("customer_name", "email", "phone", "city", "country", "status", "event_id")
+        if isinstance(record.get(name), dict | list)
+    ]
+    structured += [
+        f"metadata.{name}"
+        for name in ("source_table", "tx_id")
+        if isinstance(metadata, dict) and isinstance(metadata.get(name), dict | list)
+    ]
+    if operation is Operation.DELETE and "status" in structured:
+        structured.remove("status")  # a DELETE's status is ignored
+    if structured:
+        return reject("SCHEMA_MISMATCH", f"object or array where a scalar is expected: {structured}")
+
+    if event_id is None:
+        event_id = _json_text(raw_eid) or ""
+    if operation is not Operation.DELETE:
+        for name in ATTRIBUTES[:-1]:
+            if name in record:
+                values[name] = _json_text(record[name])
+        # keep ATTRIBUTES order for a stable mask/iteration order
+        values = {name: values[name] for name in ATTRIBUTES if name in values}
+
+    return CdcEvent(
+        event_id=event_id,
+        customer_id=customer_id,
+        operation=operation,
+        event_timestamp=event_timestamp,
+        values=values,
+        lsn=raw_lsn.strip() if isinstance(raw_lsn, str) else json.dumps(raw_lsn),
+        lsn_number=lsn_number,
+        tx_id=_json_text(metadata.get("tx_id")) if isinstance(metadata, dict) else None,
+        source_table=_json_text(metadata.get("source_table")) if isinstance(metadata, dict) else None,
+        content_hash=content_hash(record),
+    )

@@ -1,0 +1,67 @@
+"""Typed run reports: what ``audit/batch_log`` stores and the CLI prints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass
+class BatchReport:
+    """Counts and timings of one micro-batch (one row of ``audit/batch_log``).
+
+    Attributes:
+        batch_id: micro-batch number (0-based).
+        pipeline: pipeline name.
+        kind: ``stream`` for a micro-batch of the source, ``replay`` for a rebuild from Bronze.
+        started_at: UTC start of processing.
+        duration_ms: wall time in milliseconds.
+        files: landing files in the batch.
+        records_received: non-blank records read (accepted + quarantined).
+        accepted: records written to Bronze (duplicates included).
+        quarantined: records written to quarantine.
+        duplicates: exact re-deliveries (outcome DUPLICATE).
+        inserts / updates / deletes: accepted, non-duplicate events by operation.
+        stale_ignored: events older than the row's current sequence (outcome STALE).
+        tombstoned: events blocked by a hard-mode tombstone (outcome TOMBSTONED).
+        late_events: deliveries whose lag exceeds ``processing.late_event_threshold``.
+        max_event_lag_s: largest ingestion time − event_timestamp, in seconds (None if empty).
+        silver_version: Delta version of Silver after the batch.
+        delete_mode: ``soft`` or ``hard``.
+        stage_seconds: seconds spent per stage (not stored in the table).
+    """
+
+    batch_id: int
+    pipeline: str
+    kind: str
+    started_at: datetime
+    duration_ms: int = 0
+    files: int = 0
+    records_received: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    duplicates: int = 0
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    stale_ignored: int = 0
+    tombstoned: int = 0
+    late_events: int = 0
+    max_event_lag_s: float | None = None
+    silver_version: int | None = None
+    delete_mode: str = "soft"
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """The ``audit/batch_log`` row (everything but ``stage_seconds``)."""
+        data = asdict(self)
+        data.pop("stage_seconds")
+        return data
+
+    def log_fields(self) -> dict[str, Any]:
+        """JSON-log form (no PII: counts, ids and timings only)."""
+        data = self.row()
+        data["started_at"] = self.started_at.isoformat()
+        data["stage_seconds"] = {k: round(v, 4) for k, v in self.stage_seconds.items()}
+        return data

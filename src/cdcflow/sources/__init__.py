@@ -1,0 +1,1 @@
+"""Change-event sources. ``files``: a landing folder of JSON-lines files."""

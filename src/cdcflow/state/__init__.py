@@ -1,0 +1,1 @@
+"""Streaming state: checkpoint (offset log, commit log, run lock) and fault injection."""
