@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
+import polars as pl
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
@@ -75,18 +74,21 @@ def append_once(
     return True
 
 
+def scan_table(table: DeltaTable) -> pl.LazyFrame:
+    """Lazy Polars scan of the table's loaded version."""
+    return pl.scan_delta(table)
+
+
 def read_where_in(
     table: DeltaTable,
     column: str,
     values: Iterable[str],
     columns: Sequence[str],
-    extra: ds.Expression | None = None,
-) -> pa.Table:
+    extra: pl.Expr | None = None,
+) -> pl.DataFrame:
     """Read ``columns`` of the rows whose ``column`` is in ``values`` (and ``extra`` holds)."""
-    value_array = pa.array(sorted(set(values)), pa.string())
-    if len(value_array) == 0:
-        return table.to_pyarrow_dataset().schema.empty_table().select(list(columns))
-    condition = pc.is_in(ds.field(column), value_set=value_array)
+    keys = pl.Series(column, sorted(set(values)), dtype=pl.String)
+    condition = pl.col(column).is_in(keys.implode())
     if extra is not None:
         condition = condition & extra
-    return table.to_pyarrow_dataset().to_table(columns=list(columns), filter=condition)
+    return scan_table(table).filter(condition).select(columns).collect()

@@ -23,7 +23,6 @@ from contextlib import contextmanager
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
@@ -31,6 +30,7 @@ from cdcflow.engines.local.delta import (
     append_once,
     commit_props,
     read_where_in,
+    scan_table,
     txn_done,
 )
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
@@ -123,9 +123,9 @@ class LocalEngine:
             "event_id",
             event_ids,
             ["event_id", "content_hash"],
-            extra=ds.field("batch_id") < batch_id,
+            extra=pl.col("batch_id") < batch_id,
         )
-        return dict(zip(found["event_id"].to_pylist(), found["content_hash"].to_pylist(), strict=True))
+        return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
 
     def _bronze_table(
         self, offsets: BatchOffsets, records: list[RawRecord], deliveries: list[Delivery]
@@ -179,34 +179,28 @@ class LocalEngine:
         return pa.Table.from_pydict(cols, schema=QUARANTINE.schema)
 
     def _read_tombstones(self, keys: list[str]) -> pl.DataFrame:
-        table = read_where_in(
+        return read_where_in(
             self.store.table(TOMBSTONES), "customer_id", keys, ["customer_id", "_cdc_seq"]
         )
-        return pl.from_arrow(table)  # type: ignore[return-value]
 
     def _read_targets(self, keys: list[str]) -> pl.DataFrame:
-        table = read_where_in(
+        frame = read_where_in(
             self.store.table(SILVER),
             "customer_id",
             keys,
             ["customer_id", "_cdc_seq", "_cdc_min_seq"],
         )
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
         return frame.rename({"_cdc_seq": "_t_seq", "_cdc_min_seq": "_t_min_seq"})
 
     def _history_of(self, keys: list[str], batch_id: int) -> pl.DataFrame:
         """All first-copy Bronze events of ``keys`` up to and including ``batch_id``."""
-        table = read_where_in(
+        return read_where_in(
             self.store.table(BRONZE),
             "customer_id",
             keys,
             FOLD_COLUMNS,
-            extra=(ds.field("batch_id") <= batch_id) & (~ds.field("is_duplicate")),
+            extra=(pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate"),
         )
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
-        return frame
 
     def _merge_silver(
         self, events: pl.DataFrame, targets: pl.DataFrame, batch_id: int, now_tombs: pl.DataFrame
@@ -228,6 +222,12 @@ class LocalEngine:
                 source = pl.concat(
                     [source.filter(~pl.col("customer_id").is_in(keys)), exact], how="vertical"
                 )
+            # a tombstone-only row matters only where a Silver row exists (delta-rs validates
+            # NOT NULL columns on source rows that no clause inserts)
+            source = source.filter(
+                pl.col("_cdc_seq").is_not_null()
+                | pl.col("customer_id").is_in(targets["customer_id"].implode())
+            )
         spec = silver_merge_spec(SILVER.schema.names)
         (
             silver.merge(
@@ -267,10 +267,8 @@ class LocalEngine:
         purge_app = f"{self.app_id}-tombstone-purge"
         table = self.store.table(TOMBSTONES)
         cutoff = offsets.processing_time - self.config.processing.tombstone_retention
-        expired = ds.field("tombstoned_at") < pa.scalar(cutoff, BRONZE.schema.field("ingested_at").type)
-        if not txn_done(table, purge_app, batch_id) and table.to_pyarrow_dataset().count_rows(
-            filter=expired
-        ):
+        expired = scan_table(table).filter(pl.col("tombstoned_at") < cutoff).select(pl.len())
+        if not txn_done(table, purge_app, batch_id) and expired.collect().item():
             table.delete(
                 f"tombstoned_at < '{cutoff.isoformat()}'",
                 commit_properties=commit_props(purge_app, batch_id),

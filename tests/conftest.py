@@ -1,0 +1,142 @@
+"""Shared helpers: a pipeline in a temporary folder, landing-file writer, table readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from deltalake import DeltaTable
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.model.events import CdcEvent
+from cdcflow.pipeline import Pipeline, Trigger
+from cdcflow.plan.dedup import classify
+from cdcflow.plan.reference import SILVER_COLUMNS, ReferenceState, fold
+from cdcflow.plan.rules import RuleSet, validate_record
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+class Lake:
+    """A pipeline rooted in a temporary folder."""
+
+    def __init__(self, root: Path, mode: str = "soft", max_files: int = 1000) -> None:
+        self.root = root
+        self.landing = root / "landing"
+        self.landing.mkdir(parents=True, exist_ok=True)
+        self.files_written = 0
+        self.mode = mode
+        self.config = CdcflowConfig(
+            storage={"root": str(root / "lake")},
+            source={"path": str(self.landing), "max_files_per_trigger": max_files},
+            checkpoint={"location": str(root / "lake" / "_checkpoints" / "customers")},
+            processing={"delete_mode": mode},
+        )
+        self.arrival: list[str | bytes] = []
+
+    def write(self, records: Iterable[dict[str, Any] | str | bytes], gz: bool = False) -> Path:
+        """Write one landing file (mtime after every earlier file)."""
+        self.files_written += 1
+        lines = []
+        for record in records:
+            if isinstance(record, dict):
+                line: str | bytes = json.dumps(record)
+            else:
+                line = record
+            self.arrival.append(line)
+            lines.append(line.encode() if isinstance(line, str) else line)
+        path = self.landing / f"f{self.files_written:05d}.jsonl"
+        data = b"\n".join(lines) + b"\n"
+        if gz:
+            import gzip
+
+            path = path.with_suffix(".jsonl.gz")
+            path.write_bytes(gzip.compress(data))
+        else:
+            path.write_bytes(data)
+        stamp = 1_700_000_000 + self.files_written
+        os.utime(path, (stamp, stamp))
+        return path
+
+    def run(self, trigger: str = "available-now") -> list[Any]:
+        return Pipeline(self.config).run(Trigger.parse(trigger))
+
+    def table(self, name: str) -> pl.DataFrame:
+        frame = pl.from_arrow(DeltaTable(self.config.table_uri(name)).to_pyarrow_table())
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def silver(self) -> dict[str, dict[str, Any]]:
+        rows = self.table("silver/customers").select(SILVER_COLUMNS).to_dicts()
+        return {row["customer_id"]: row for row in rows}
+
+    def expected(self) -> ReferenceState:
+        """Reference fold of everything written so far (same validation, first copies)."""
+        rules = RuleSet(re.compile(r"^C-[0-9]+$"), datetime.now(UTC), timedelta(minutes=5))
+        candidates: list[tuple[int, CdcEvent]] = []
+        for i, line in enumerate(self.arrival):
+            result = validate_record(line if isinstance(line, bytes) else line.encode(), rules)
+            if isinstance(result, CdcEvent):
+                candidates.append((i, result))
+        deliveries, _ = classify(candidates, {})
+        return fold([d.event for d in deliveries if not d.is_duplicate], self.mode)  # type: ignore[arg-type]
+
+    def outcomes(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for row in self.table("audit/event_outcomes").sort("batch_id", "source_file", "source_line").to_dicts():
+            out.setdefault(row["event_id"], []).append(row["outcome"])
+        return out
+
+    def quarantine_reasons(self) -> list[str]:
+        return self.table("quarantine/customer_events").sort("source_file", "source_line")["failure_reason"].to_list()
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Lake:
+    return Lake(tmp_path / "soft")
+
+
+@pytest.fixture
+def hard_lake(tmp_path: Path) -> Lake:
+    return Lake(tmp_path / "hard", mode="hard")
+
+
+def ev(
+    event_id: str,
+    customer_id: str,
+    operation: str,
+    lsn: Any,
+    minutes_ago: float = 60,
+    **attrs: Any,
+) -> dict[str, Any]:
+    """A flat-format event; attributes given as keyword arguments (partial by default)."""
+    ts = (NOW - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
+    return {
+        "event_id": event_id,
+        "customer_id": customer_id,
+        "operation": operation,
+        "event_timestamp": ts,
+        **attrs,
+        "metadata": {"source_table": "customers", "lsn": lsn, "tx_id": f"TX-{event_id}"},
+    }
+
+
+def full(**overrides: Any) -> dict[str, Any]:
+    """A full attribute image."""
+    base = {
+        "customer_name": "Aarav Sharma",
+        "email": "aarav@example.com",
+        "phone": "+91-9876543210",
+        "city": "Bengaluru",
+        "country": "India",
+        "status": "ACTIVE",
+    }
+    base.update(overrides)
+    return base
