@@ -5,7 +5,7 @@ Precedence (highest first): environment overrides ``CDCFLOW__<SECTION>__<KEY>`` 
 Unknown keys are errors that name the key and the file.
 
 Durations are written as ``<number><unit>`` with unit ``ms``, ``s``, ``m``, ``h`` or ``d``
-(``30d``, ``5m``, ``10s``), or as a plain number of seconds.
+(``30d``, ``5m``, ``10s``), as a plain number of seconds, or as an ISO-8601 duration (``P30D``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cdcflow.errors import ConfigError
@@ -41,7 +49,10 @@ def parse_duration(value: object) -> timedelta:
         return timedelta(seconds=float(value))
     match = _DURATION.match(str(value))
     if not match:
-        raise ValueError(f"not a duration (expected e.g. 30d, 5m, 10s): {value!r}")
+        try:  # ISO-8601 durations (P30D, PT5M), as pydantic serialises timedeltas
+            return TypeAdapter(timedelta).validate_python(str(value).strip())
+        except ValidationError:
+            raise ValueError(f"not a duration (expected e.g. 30d, 5m, 10s): {value!r}") from None
     return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
@@ -106,6 +117,54 @@ class LoggingSection(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
+class GoldSection(_Section):
+    """``gold``: when the Gold tables are recomputed (``refresh_every_batches``: after every n-th
+    micro-batch; 0 = only by ``cdcflow gold``)."""
+
+    refresh_every_batches: int = Field(default=1, ge=0)
+
+
+class MaintenanceSection(_Section):
+    """``maintenance``: ``cdcflow optimize`` and its automatic policy.
+
+    ``time_travel_window`` is how far back Delta time travel (as-of by version, replay) must keep
+    working; ``vacuum_retention`` (files older than this are removed) may not be shorter.
+    ``optimize_every_batches``: run optimize after every n-th micro-batch (0 = never).
+    """
+
+    time_travel_window: Duration = timedelta(days=7)
+    vacuum_retention: Duration = timedelta(days=7)
+    optimize_every_batches: int = Field(default=0, ge=0)
+    zorder_silver_by: list[str] = Field(default_factory=lambda: ["city", "status"])
+
+    @field_validator("vacuum_retention")
+    @classmethod
+    def _not_below_window(cls, value: timedelta, info: Any) -> timedelta:
+        window = info.data.get("time_travel_window")
+        if window is not None and value < window:
+            raise ValueError(f"must not be shorter than maintenance.time_travel_window ({window})")
+        return value
+
+
+class SnowflakeSection(_Section):
+    """``snowflake``: synchronization of Silver/Gold to Snowflake (credentials never here).
+
+    ``mode``: ``off``, ``inline`` (after each micro-batch's Silver commit) or ``standalone``
+    (``cdcflow sync snowflake``). ``emulator``: ``auto`` uses the fakesnow emulator when no
+    ``SNOWFLAKE_ACCOUNT`` is set, ``on``/``off`` force it. ``emulator_path``: folder of the
+    emulator's database files (empty: ``<storage.root>/_snowflake_emulator``; ``:memory:``: none).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    mode: Literal["off", "inline", "standalone"] = "off"
+    database: str = Field(default="CDCFLOW", pattern=r"^[A-Za-z_][A-Za-z0-9_$]*$")
+    schema_name: str = Field(default="PUBLIC", alias="schema", pattern=r"^[A-Za-z_][A-Za-z0-9_$]*$")
+    emulator: Literal["auto", "on", "off"] = "auto"
+    emulator_path: str = ""
+    load_chunk_rows: int = Field(default=2000, ge=1)
+
+
 class CdcflowConfig(BaseSettings):
     """The whole configuration of one pipeline."""
 
@@ -119,6 +178,9 @@ class CdcflowConfig(BaseSettings):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     processing: ProcessingSection = Field(default_factory=ProcessingSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    snowflake: SnowflakeSection = Field(default_factory=SnowflakeSection)
+    gold: GoldSection = Field(default_factory=GoldSection)
+    maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,5 @@
+"""``python -m cdcflow`` — same as the ``cdcflow`` console script."""
+
+from cdcflow.cli.app import main
+
+main()

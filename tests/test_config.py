@@ -1,0 +1,71 @@
+"""Configuration loading: YAML, ${ENV} interpolation, CDCFLOW__ overrides, clear errors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from cdcflow.config import load_config
+from cdcflow.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["dev.yaml", "test.yaml", "prod.yaml"])
+def test_shipped_configs_are_valid(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("CDCFLOW_STORAGE_ROOT", "CDCFLOW_LANDING_PATH", "CDCFLOW_CHECKPOINT_PATH"):
+        monkeypatch.setenv(var, f"/tmp/{var.lower()}")
+    config = load_config(REPO / "config" / name)
+    assert config.pipeline.name == "customers"
+
+
+def test_values_durations_and_env_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAKE", "/data/lake")
+    file = tmp_path / "c.yaml"
+    file.write_text(
+        "storage: {root: '${LAKE}'}\nprocessing: {delete_mode: hard, tombstone_retention: 7d,"
+        " max_clock_skew: 90s}\n"
+    )
+    config = load_config(file)
+    assert config.storage.root == "/data/lake"
+    assert config.processing.delete_mode == "hard"
+    assert config.processing.tombstone_retention == timedelta(days=7)
+    assert config.processing.max_clock_skew == timedelta(seconds=90)
+    assert config.processing.late_event_threshold == timedelta(hours=24)
+
+
+def test_env_override_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text("processing: {delete_mode: soft}\nsource: {max_files_per_trigger: 5}\n")
+    monkeypatch.setenv("CDCFLOW__PROCESSING__DELETE_MODE", "hard")
+    monkeypatch.setenv("CDCFLOW__SOURCE__MAX_FILES_PER_TRIGGER", "7")
+    config = load_config(file)
+    assert config.processing.delete_mode == "hard"
+    assert config.source.max_files_per_trigger == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("processing: {delete_mod: soft}\n", "processing.delete_mod"),
+        ("bogus: 1\n", "bogus"),
+        ("processing: {delete_mode: sometimes}\n", "processing.delete_mode"),
+        ("processing: {late_event_threshold: soon}\n", "processing.late_event_threshold"),
+        ("storage: {root: '${NOT_SET_ANYWHERE}'}\n", "NOT_SET_ANYWHERE"),
+        ("- a list\n", "mapping"),
+    ],
+)
+def test_errors_name_key_and_file(tmp_path: Path, text: str, fragment: str) -> None:
+    file = tmp_path / "bad.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert fragment in str(info.value)
+    assert str(file) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
