@@ -90,12 +90,20 @@ class Lake:
 
     def outcomes(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
-        for row in self.table("audit/event_outcomes").sort("batch_id", "source_file", "source_line").to_dicts():
+        for row in (
+            self.table("audit/event_outcomes")
+            .sort("batch_id", "source_file", "source_line")
+            .to_dicts()
+        ):
             out.setdefault(row["event_id"], []).append(row["outcome"])
         return out
 
     def quarantine_reasons(self) -> list[str]:
-        return self.table("quarantine/customer_events").sort("source_file", "source_line")["failure_reason"].to_list()
+        return (
+            self.table("quarantine/customer_events")
+            .sort("source_file", "source_line")["failure_reason"]
+            .to_list()
+        )
 
 
 @pytest.fixture

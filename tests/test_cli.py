@@ -13,7 +13,9 @@ import polars as pl
 import pytest
 
 
-def cdcflow(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cdcflow(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
     full_env.update(env or {})
     return subprocess.run(
@@ -52,7 +54,18 @@ def test_generate_then_run_once_and_available_now(workdir: Path) -> None:
     assert '"micro-batch committed"' in once.stderr  # JSON log line
     for pii in ("@example.com", "Sharma"):
         assert pii not in once.stderr and pii not in once.stdout
-    more = cdcflow("generate", "--out", "landing", "--events", "400", "--files", "7", "--seed", "7", cwd=workdir)
+    more = cdcflow(
+        "generate",
+        "--out",
+        "landing",
+        "--events",
+        "400",
+        "--files",
+        "7",
+        "--seed",
+        "7",
+        cwd=workdir,
+    )
     assert more.returncode == 0
     now = cdcflow("run", "--config", "cdcflow.yaml", "--trigger", "available-now", cwd=workdir)
     assert now.returncode == 0, now.stderr
@@ -61,10 +74,24 @@ def test_generate_then_run_once_and_available_now(workdir: Path) -> None:
 
 
 def test_processing_time_stops_cleanly_on_sigterm(workdir: Path) -> None:
-    assert cdcflow("generate", "--out", "landing", "--events", "100", "--files", "2", cwd=workdir).returncode == 0
+    assert (
+        cdcflow(
+            "generate", "--out", "landing", "--events", "100", "--files", "2", cwd=workdir
+        ).returncode
+        == 0
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdcflow", "run", "--config", "cdcflow.yaml", "--trigger", "processing-time=1s"],
+        [
+            sys.executable,
+            "-m",
+            "cdcflow",
+            "run",
+            "--config",
+            "cdcflow.yaml",
+            "--trigger",
+            "processing-time=1s",
+        ],
         cwd=workdir,
         env=env,
         stdout=subprocess.PIPE,

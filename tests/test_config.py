@@ -21,7 +21,9 @@ def test_shipped_configs_are_valid(name: str, monkeypatch: pytest.MonkeyPatch) -
     assert config.pipeline.name == "customers"
 
 
-def test_values_durations_and_env_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_values_durations_and_env_interpolation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LAKE", "/data/lake")
     file = tmp_path / "c.yaml"
     file.write_text(

@@ -24,7 +24,16 @@ def _cli(lake: Lake, config: Path, crash: str | None = None) -> subprocess.Compl
     if crash:
         env["CDCFLOW_CRASH_AT"] = crash
     return subprocess.run(
-        [sys.executable, "-m", "cdcflow", "run", "--config", str(config), "--trigger", "available-now"],
+        [
+            sys.executable,
+            "-m",
+            "cdcflow",
+            "run",
+            "--config",
+            str(config),
+            "--trigger",
+            "available-now",
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -105,7 +105,9 @@ def test_update_may_omit_status_and_delete_ignores_it() -> None:
 
 def test_coercion_and_partial_payload() -> None:
     result = validate_record(
-        json.dumps(good(operation="UPDATE", phone=34555024900, city=None, status=" inactive ", email=...)),
+        json.dumps(
+            good(operation="UPDATE", phone=34555024900, city=None, status=" inactive ", email=...)
+        ),
         RULES,
     )
     assert isinstance(result, CdcEvent)
@@ -164,7 +166,9 @@ def test_duplicate_classification() -> None:
     first = validate_record(json.dumps(good()), RULES)
     same = validate_record(json.dumps(dict(reversed(list(good().items())))), RULES)
     other = validate_record(json.dumps(good(city="Elsewhere")), RULES)
-    assert isinstance(first, CdcEvent) and isinstance(same, CdcEvent) and isinstance(other, CdcEvent)
+    assert (
+        isinstance(first, CdcEvent) and isinstance(same, CdcEvent) and isinstance(other, CdcEvent)
+    )
     assert first.content_hash == same.content_hash == content_hash(good())
     deliveries, conflicts = classify([(0, first), (1, same), (2, other)], {})
     assert [(d.position, d.is_duplicate) for d in deliveries] == [(0, False), (1, True)]

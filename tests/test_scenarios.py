@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from tests.conftest import NOW, Lake, ev, full
@@ -15,7 +16,11 @@ def test_new_insert(lake: Lake) -> None:
     assert row["status"] == "ACTIVE"
     assert row["is_active"] is True and row["is_deleted"] is False
     assert row["created_at"] == row["last_updated_at"] == NOW - timedelta(minutes=60)
-    assert (row["last_event_id"], row["last_operation"], row["last_lsn"]) == ("E1", "INSERT", "0/10")
+    assert (row["last_event_id"], row["last_operation"], row["last_lsn"]) == (
+        "E1",
+        "INSERT",
+        "0/10",
+    )
     assert lake.outcomes() == {"E1": ["APPLIED"]}
     assert lake.silver() == lake.expected().rows
 
@@ -23,7 +28,9 @@ def test_new_insert(lake: Lake) -> None:
 def test_update_of_email_and_city(lake: Lake) -> None:
     lake.write([ev("E1", "C-1", "INSERT", "0/10", minutes_ago=60, **full())])
     lake.run()
-    lake.write([ev("E2", "C-1", "UPDATE", "0/20", minutes_ago=30, email="new@x.com", city="Mumbai")])
+    lake.write(
+        [ev("E2", "C-1", "UPDATE", "0/20", minutes_ago=30, email="new@x.com", city="Mumbai")]
+    )
     lake.run()
     row = lake.silver()["C-1"]
     assert (row["email"], row["city"]) == ("new@x.com", "Mumbai")
@@ -59,7 +66,9 @@ def test_delete_hard_mode_and_tombstone(hard_lake: Lake) -> None:
     assert hard_lake.silver() == {}
     assert hard_lake.outcomes()["E3"] == ["TOMBSTONED"]
     # a newer INSERT starts a fresh row (absent attributes are null)
-    hard_lake.write([ev("E4", "C-1", "INSERT", "0/30", minutes_ago=5, status="ACTIVE", city="Oslo")])
+    hard_lake.write(
+        [ev("E4", "C-1", "INSERT", "0/30", minutes_ago=5, status="ACTIVE", city="Oslo")]
+    )
     hard_lake.run()
     row = hard_lake.silver()["C-1"]
     assert (row["city"], row["email"], row["status"]) == ("Oslo", None, "ACTIVE")
@@ -95,7 +104,8 @@ def test_identical_redelivery_is_a_duplicate(lake: Lake) -> None:
     lake.run()
     version = lake.table("audit/batch_log")["silver_version"].to_list()
     # same content, other key order and whitespace: still the same event
-    reordered = "{" + ", ".join(f'"{k}":  {__import__("json").dumps(v)}' for k, v in reversed(event.items())) + "}"
+    pairs = [f'"{k}":  {json.dumps(v)}' for k, v in reversed(event.items())]
+    reordered = "{" + ", ".join(pairs) + "}"
     lake.write([reordered, event])
     lake.run()
     assert lake.outcomes() == {"E1": ["APPLIED", "DUPLICATE", "DUPLICATE"]}
@@ -194,7 +204,9 @@ def test_every_record_lands_once_and_gzip_files(lake: Lake) -> None:
 def test_rerun_changes_nothing(lake: Lake) -> None:
     lake.write([ev("E1", "C-1", "INSERT", "0/10", **full())])
     lake.run()
-    before = {name: lake.table(name).height for name in ("bronze/customer_events", "audit/batch_log")}
+    before = {
+        name: lake.table(name).height for name in ("bronze/customer_events", "audit/batch_log")
+    }
     assert lake.run() == []  # no new files: nothing to do
     assert {name: lake.table(name).height for name in before} == before
 

@@ -108,8 +108,15 @@ class Pipeline:
         crash_point("before_commit", offsets.batch_id)
         self.checkpoint.write_commit(
             offsets.batch_id,
-            {"committed_at": datetime.now(UTC).isoformat(), "silver_version": report.silver_version},
+            {
+                "committed_at": datetime.now(UTC).isoformat(),
+                "silver_version": report.silver_version,
+            },
         )
+        if self.config.snowflake.mode == "inline":
+            from cdcflow.sinks.snowflake.inline import sync_after_batch
+
+            sync_after_batch(self.config, report)
         return report
 
     def run(

@@ -17,6 +17,7 @@ from rich.console import Console
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import CdcflowError
 from cdcflow.logs import setup_logging
+from cdcflow.report import BatchReport
 
 app = typer.Typer(
     name="cdcflow",
@@ -62,12 +63,10 @@ def run(
 
     parsed = Trigger.parse(trigger)
     pipeline = Pipeline(load(config))
-    done = []
 
-    def show(report: object) -> None:
-        done.append(report)
+    def show(report: BatchReport) -> None:
         if parsed.kind == "processing-time":
-            console.print(batch_table([report], title=None))  # type: ignore[list-item]
+            console.print(batch_table([report], title=None))
 
     reports = pipeline.run(parsed, on_batch=show)
     if parsed.kind != "processing-time":
@@ -77,55 +76,34 @@ def run(
             console.print("no new landing files")
 
 
-@app.command()
-def generate(
-    out: Annotated[Path, typer.Option(help="Landing folder to write into.")] = Path("./landing"),
-    events: Annotated[int, typer.Option(min=1, help="Number of source changes.")] = 2000,
-    customers: Annotated[int, typer.Option(min=1, help="Number of distinct customers.")] = 300,
-    files: Annotated[int, typer.Option(min=1, help="Number of files to split into.")] = 10,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 42,
-    duplicate_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.05,
-    out_of_order_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.15,
-    late_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.02,
-    invalid_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.01,
-    partial_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.5,
-    lsn_notation: Annotated[str, typer.Option(help="postgres | sqlserver | decimal | mixed")] = (
-        "postgres"
-    ),
-    gzip_every: Annotated[int, typer.Option(min=0, help="Gzip every n-th file (0: none).")] = 0,
-) -> None:
-    """Write realistic JSON-lines CDC event files (with duplicates, late and invalid records)."""
-    from cdcflow.generator import GeneratorConfig, generate as write_events
+from cdcflow.cli.asof import as_of  # noqa: E402
+from cdcflow.cli.maintenance import gold, optimize  # noqa: E402
 
-    if lsn_notation not in ("postgres", "sqlserver", "decimal", "mixed"):
-        raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
-    summary = write_events(
-        out,
-        GeneratorConfig(
-            events=events,
-            customers=customers,
-            files=files,
-            seed=seed,
-            duplicate_rate=duplicate_rate,
-            out_of_order_rate=out_of_order_rate,
-            late_rate=late_rate,
-            invalid_rate=invalid_rate,
-            partial_rate=partial_rate,
-            lsn_notation=lsn_notation,  # type: ignore[arg-type]
-            gzip_every=gzip_every,
-        ),
-    )
-    console.print(
-        f"wrote {summary.records} records ({summary.valid_events} changes, "
-        f"{summary.duplicates} duplicates, {summary.invalid} invalid) "
-        f"in {len(summary.files)} files to {out}"
-    )
+app.command("as-of")(as_of)
+app.command()(gold)
+app.command()(optimize)
+
+from cdcflow.cli.demo import demo  # noqa: E402
+from cdcflow.cli.generate import generate  # noqa: E402
+from cdcflow.cli.reconcile import reconcile  # noqa: E402
+from cdcflow.cli.replay import replay  # noqa: E402
+
+app.command()(generate)
+app.command()(reconcile)
+app.command()(replay)
+app.command()(demo)
+
+from cdcflow.cli.sync import sync_app  # noqa: E402
+
+app.add_typer(sync_app)
 
 
 def main() -> None:
     """Console-script entry point."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:  # typer.Exit(n) returns n outside standalone mode
+            sys.exit(code)
     except CdcflowError as exc:
         if _state["debug"]:
             traceback.print_exc()

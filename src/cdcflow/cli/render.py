@@ -26,7 +26,7 @@ _COLUMNS = (
 )
 
 
-def batch_table(reports: Sequence[BatchReport], title: str = "micro-batches") -> Table:
+def batch_table(reports: Sequence[BatchReport], title: str | None = "micro-batches") -> Table:
     """One row per micro-batch with its counts."""
     table = Table(title=title)
     for header, _ in _COLUMNS:

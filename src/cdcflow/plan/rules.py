@@ -211,7 +211,9 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
             status = record["status"]
             norm = status.strip().upper() if isinstance(status, str) else None
             if norm not in STATUSES:
-                return reject("INVALID_STATUS", "status is not ACTIVE, INACTIVE, SUSPENDED or DELETED")
+                return reject(
+                    "INVALID_STATUS", "status is not ACTIVE, INACTIVE, SUSPENDED or DELETED"
+                )
             values["status"] = norm
         elif operation is Operation.INSERT:
             return reject("INVALID_STATUS", "an INSERT must carry a status")
@@ -229,7 +231,9 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
     if operation is Operation.DELETE and "status" in structured:
         structured.remove("status")  # a DELETE's status is ignored
     if structured:
-        return reject("SCHEMA_MISMATCH", f"object or array where a scalar is expected: {structured}")
+        return reject(
+            "SCHEMA_MISMATCH", f"object or array where a scalar is expected: {structured}"
+        )
 
     if event_id is None:
         event_id = _json_text(raw_eid) or ""
@@ -249,6 +253,8 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
         lsn=raw_lsn.strip() if isinstance(raw_lsn, str) else json.dumps(raw_lsn),
         lsn_number=lsn_number,
         tx_id=_json_text(metadata.get("tx_id")) if isinstance(metadata, dict) else None,
-        source_table=_json_text(metadata.get("source_table")) if isinstance(metadata, dict) else None,
+        source_table=_json_text(metadata.get("source_table"))
+        if isinstance(metadata, dict)
+        else None,
         content_hash=content_hash(record),
     )
