@@ -176,3 +176,10 @@ def test_duplicate_classification() -> None:
     # against earlier batches
     deliveries, conflicts = classify([(0, same)], {"EVT-1": first.content_hash})
     assert deliveries[0].is_duplicate and not conflicts
+
+
+def test_json_number_lsn_above_64_bits_is_valid() -> None:
+    record = json.dumps(good(metadata={"lsn": 2**70}))
+    result = validate_record(record, RULES)
+    assert isinstance(result, CdcEvent) and result.lsn_number == 2**70
+    assert reason('{"customer_id": NaN}') == "MALFORMED_JSON"

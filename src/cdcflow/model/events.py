@@ -12,11 +12,9 @@ event_id in plain string order. Timestamps keep microsecond precision (Delta's p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-
-from cdcflow.model.lsn import lsn_key
 
 
 class Operation(StrEnum):
@@ -53,8 +51,11 @@ PII_ATTRIBUTES = ("customer_name", "email", "phone")
 
 def sequence_of(lsn_number: int, event_timestamp: datetime, event_id: str) -> str:
     """Encode (LSN, timestamp, event_id) as an order-preserving string (see module doc)."""
-    ts = event_timestamp.astimezone(UTC)
-    return f"{lsn_key(lsn_number)}.{ts:%Y%m%d%H%M%S%f}.{event_id}"
+    ts = event_timestamp if event_timestamp.tzinfo is UTC else event_timestamp.astimezone(UTC)
+    return (
+        f"{lsn_number:032x}.{ts.year:04d}{ts.month:02d}{ts.day:02d}{ts.hour:02d}"
+        f"{ts.minute:02d}{ts.second:02d}{ts.microsecond:06d}.{event_id}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,8 @@ class CdcEvent:
         tx_id: source transaction id or None.
         source_table: source table name or None.
         content_hash: SHA-256 of the canonical JSON of the whole record (duplicate detection).
+        sequence: derived: the event's total-order sequence string (see module doc).
+        present_mask: derived: bit mask of the attributes present (``ATTRIBUTE_BIT``).
     """
 
     event_id: str
@@ -86,15 +89,15 @@ class CdcEvent:
     source_table: str | None
     content_hash: str
 
-    @property
-    def sequence(self) -> str:
-        """The event's total-order sequence string."""
-        return sequence_of(self.lsn_number, self.event_timestamp, self.event_id)
+    sequence: str = field(init=False, compare=False)
+    present_mask: int = field(init=False, compare=False)
 
-    @property
-    def present_mask(self) -> int:
-        """Bit mask of the attributes present in the payload (``ATTRIBUTE_BIT``)."""
+    def __post_init__(self) -> None:
+        # derived once: the sequence string and the present-attributes bit mask
+        object.__setattr__(
+            self, "sequence", sequence_of(self.lsn_number, self.event_timestamp, self.event_id)
+        )
         mask = 0
         for name in self.values:
             mask |= ATTRIBUTE_BIT[name]
-        return mask
+        object.__setattr__(self, "present_mask", mask)

@@ -5,8 +5,8 @@ A record that fails a check is quarantined with the FIRST failing reason, in thi
 
 1. ``MALFORMED_JSON`` — not valid UTF-8, not valid JSON, or not a JSON object.
 2. ``NULL_CUSTOMER_ID`` — customer_id missing, null, empty or blank.
-3. ``INVALID_CUSTOMER_ID_FORMAT`` — not a string matching ``processing.customer_id_pattern``
-   after trimming.
+3. ``INVALID_CUSTOMER_ID_FORMAT`` — not a string fully matching
+   ``processing.customer_id_pattern`` after trimming.
 4. ``NULL_EVENT_ID`` — event_id missing, null or blank.
 5. ``INVALID_OPERATION`` — after trimming and upper-casing, not INSERT/UPDATE/DELETE nor an alias
    (C, R, I → INSERT; U → UPDATE; D → DELETE).
@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import orjson
 
 from cdcflow.model.events import ATTRIBUTES, OPERATION_ALIASES, STATUSES, CdcEvent, Operation
 from cdcflow.model.lsn import LsnError, parse_lsn
@@ -104,7 +106,8 @@ def parse_event_timestamp(value: Any) -> datetime:
 
     Args:
         value: an ISO-8601 string (``Z`` or offsets allowed, no offset = UTC, any number of
-            fractional digits, truncated to microseconds) or an integer of epoch milliseconds.
+            fractional digits, truncated to microseconds) or an integer of epoch milliseconds
+            (a JSON integer, or a string of at least 10 digits).
 
     Raises:
         ValueError: any other value.
@@ -117,17 +120,29 @@ def parse_event_timestamp(value: Any) -> datetime:
         except OverflowError as exc:
             raise ValueError("epoch milliseconds out of range") from exc
     if isinstance(value, str):
-        parsed = datetime.fromisoformat(value.strip())
+        text = value.strip()
+        if len(text) >= 10 and text.lstrip("-").isdigit():  # epoch milliseconds as a string
+            return parse_event_timestamp(int(text))
+        parsed = datetime.fromisoformat(text)
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=UTC)
         return parsed.astimezone(UTC)
     raise ValueError(f"{type(value).__name__} is not a timestamp")
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def content_hash(record: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of a record (key order and whitespace do not matter)."""
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    try:
+        canonical = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # integers above 64 bits
+        canonical = json.dumps(
+            record, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
@@ -148,9 +163,12 @@ def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
     else:
         text = raw
     try:
-        record = json.loads(text)
-    except ValueError as exc:
-        return Rejection("MALFORMED_JSON", f"not valid JSON: {str(exc)[:120]}")
+        record = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:  # orjson refuses integers above 64 bits, which are valid JSON (e.g. large LSNs)
+            record = json.loads(text, parse_constant=_reject_constant)
+        except ValueError as exc:
+            return Rejection("MALFORMED_JSON", f"not valid JSON: {str(exc)[:120]}")
     if not isinstance(record, dict):
         return Rejection("MALFORMED_JSON", f"JSON {type(record).__name__} is not an object")
     return validate_object(record, rules)
@@ -161,7 +179,7 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
     raw_cid = record.get("customer_id")
     if _blank(raw_cid):
         return Rejection("NULL_CUSTOMER_ID", "customer_id is missing, null or blank")
-    if not isinstance(raw_cid, str) or not rules.customer_id_pattern.search(raw_cid.strip()):
+    if not isinstance(raw_cid, str) or not rules.customer_id_pattern.fullmatch(raw_cid.strip()):
         return Rejection(
             "INVALID_CUSTOMER_ID_FORMAT",
             f"customer_id does not match {rules.customer_id_pattern.pattern!r}",
