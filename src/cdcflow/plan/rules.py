@@ -171,7 +171,16 @@ def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
             return Rejection("MALFORMED_JSON", f"not valid JSON: {str(exc)[:120]}")
     if not isinstance(record, dict):
         return Rejection("MALFORMED_JSON", f"JSON {type(record).__name__} is not an object")
+    if _has_float(record):
+        # orjson turns integers above 64 bits into floats: re-read exactly with the stdlib
+        record = json.loads(text)
     return validate_object(record, rules)
+
+
+def _has_float(record: dict[str, Any]) -> bool:
+    metadata = record.get("metadata")
+    values = list(record.values()) + (list(metadata.values()) if isinstance(metadata, dict) else [])
+    return any(isinstance(v, float) for v in values)
 
 
 def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Rejection:
