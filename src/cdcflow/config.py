@@ -77,13 +77,46 @@ class StorageSection(_Section):
     options: dict[str, str] = Field(default_factory=dict)
 
 
-class SourceSection(_Section):
-    """``source``: landing folder of JSON-lines files and the micro-batch size limit."""
+class PostgresSourceSection(_Section):
+    """``source.postgres``: the PostgreSQL logical replication source (``source.type: postgres``).
 
-    type: Literal["files"] = "files"
+    Connection: ``dsn`` (a libpq connection string or URI, without a password) or ``host``/
+    ``port``/``dbname``/``user``. The password is never in the config: it comes from the
+    environment variable named by ``password_env`` or the file named by ``password_file`` (or
+    libpq's own ``PGPASSWORD``/``.pgpass``). ``slot_name``: the logical replication slot (created
+    with ``plugin`` when missing); ``table``: ``schema.table`` whose changes are streamed;
+    ``key_column``: its primary-key column holding the customer_id; ``max_changes_per_batch``:
+    upper bound on decoded rows staged per micro-batch (whole transactions are always kept).
+    """
+
+    dsn: str = ""
+    host: str = "127.0.0.1"
+    port: int = Field(default=5432, ge=1, le=65535)
+    dbname: str = "postgres"
+    user: str = "postgres"
+    password_env: str = "CDCFLOW_PG_PASSWORD"
+    password_file: str = ""
+    slot_name: str = Field(default="cdcflow_customers", pattern=r"^[a-z0-9_]{1,63}$")
+    table: str = Field(
+        default="public.customers", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$"
+    )
+    key_column: str = Field(default="customer_id", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    plugin: Literal["wal2json"] = "wal2json"
+    max_changes_per_batch: int = Field(default=10000, ge=1)
+
+
+class SourceSection(_Section):
+    """``source``: landing folder of JSON-lines files and the micro-batch size limit.
+
+    ``type: postgres`` stages the changes of a PostgreSQL replication slot into the landing
+    folder before each micro-batch (settings in ``postgres``; see ``cdcflow.sources.postgres``).
+    """
+
+    type: Literal["files", "postgres"] = "files"
     format: Literal["flat"] = "flat"
     path: str = "./landing"
     max_files_per_trigger: int = Field(default=1000, ge=1)
+    postgres: PostgresSourceSection = Field(default_factory=PostgresSourceSection)
 
 
 class CheckpointSection(_Section):

@@ -13,12 +13,18 @@ import gzip
 import json
 import os
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from cdcflow.model.events import CdcEvent
 from cdcflow.model.lsn import format_mssql_lsn, format_pg_lsn
+from cdcflow.plan.dedup import classify
+from cdcflow.plan.reference import DeleteMode, ReferenceState, fold
+from cdcflow.plan.rules import Rejection, RuleSet, validate_record
 
 LsnNotation = Literal["postgres", "sqlserver", "decimal", "mixed"]
 
@@ -69,6 +75,7 @@ class GenerationSummary:
         duplicates: exact re-deliveries added.
         invalid: invalid records added.
         records: total records written.
+        lines: every record written, in arrival order (JSON lines).
     """
 
     files: list[str] = field(default_factory=list)
@@ -76,6 +83,7 @@ class GenerationSummary:
     duplicates: int = 0
     invalid: int = 0
     records: int = 0
+    lines: list[str] = field(default_factory=list, repr=False)
 
 
 def _lsn_text(number: int, notation: LsnNotation, rng: random.Random) -> Any:
@@ -88,23 +96,51 @@ def _lsn_text(number: int, notation: LsnNotation, rng: random.Random) -> Any:
     return number if rng.random() < 0.5 else str(number)
 
 
-def _source_changes(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> list[dict[str, Any]]:
-    """Simulate the source table in commit order; one event per change."""
+class _Pool:
+    """A set of customer ids with O(1) add, remove and uniform random choice."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.index: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, item: str) -> None:
+        self.index[item] = len(self.items)
+        self.items.append(item)
+
+    def remove(self, item: str) -> None:
+        i = self.index.pop(item)
+        last = self.items.pop()
+        if last != item:
+            self.items[i] = last
+            self.index[last] = i
+
+    def choice(self, rng: random.Random) -> str:
+        return self.items[rng.randrange(len(self.items))]
+
+
+def _source_changes(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> list[str]:
+    """Simulate the source table in commit order; one JSON line per change (O(events))."""
     start = now - timedelta(hours=cfg.span_hours)
     step = timedelta(hours=cfg.span_hours) / max(cfg.events, 1)
     lsn = 0xFFF000 if cfg.lsn_notation != "sqlserver" else (0x28 << 48) | (0x1BC << 16)
-    alive: dict[str, dict[str, Any]] = {}
-    deleted: list[str] = []
+    rows: dict[str, dict[str, Any]] = {}
+    alive = _Pool()
+    deleted = _Pool()
     next_id = 1000
-    changes = []
+    changes: list[str] = []
     for i in range(cfg.events):
         lsn += rng.randint(1, 4096)
         ts = start + step * i + timedelta(microseconds=rng.randint(0, 999_999))
         roll = rng.random()
         can_grow = len(alive) + len(deleted) < cfg.customers
-        if not alive or (can_grow and roll < 0.35) or (deleted and roll > 0.97):
-            if deleted and roll > 0.97:
-                cid = deleted.pop(rng.randrange(len(deleted)))
+        revive = len(deleted) > 0 and roll > 0.97
+        if not alive or (can_grow and roll < 0.35) or revive:
+            if revive:
+                cid = deleted.choice(rng)
+                deleted.remove(cid)
             else:
                 cid = f"C-{next_id}"
                 next_id += 1
@@ -118,19 +154,21 @@ def _source_changes(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> 
                 "country": country,
                 "status": "ACTIVE",
             }
-            alive[cid] = row
+            rows[cid] = row
+            alive.add(cid)
             payload: dict[str, Any] = dict(row)
             op = "INSERT"
         elif rng.random() < cfg.delete_rate:
-            cid = rng.choice(list(alive))
-            alive.pop(cid)
-            deleted.append(cid)
+            cid = alive.choice(rng)
+            alive.remove(cid)
+            rows.pop(cid)
+            deleted.add(cid)
             payload = dict.fromkeys(("customer_name", "email", "phone", "city", "country"))
             payload["status"] = "DELETED"
             op = "DELETE"
         else:
-            cid = rng.choice(list(alive))
-            row = alive[cid]
+            cid = alive.choice(rng)
+            row = rows[cid]
             change: dict[str, Any] = {}
             kind = rng.random()
             if kind < 0.4:
@@ -157,12 +195,13 @@ def _source_changes(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> 
                 "tx_id": f"TX-{40000 + i}",
             },
         }
-        changes.append(event)
+        changes.append(json.dumps(event))
     return changes
 
 
-def _invalid_record(i: int, rng: random.Random, now: datetime, valid: list[dict[str, Any]]) -> Any:
-    base = {
+def _invalid_record(i: int, rng: random.Random, now: datetime, valid: list[str]) -> str:
+    """One invalid record as a JSON line (one of nine kinds, in turn)."""
+    base: dict[str, Any] = {
         "event_id": f"BAD-{i:06d}",
         "customer_id": f"C-{rng.randint(1, 999)}",
         "operation": "UPDATE",
@@ -188,10 +227,51 @@ def _invalid_record(i: int, rng: random.Random, now: datetime, valid: list[dict[
     elif kind == 7:
         base["status"] = "ARCHIVED"
     elif valid:
-        conflict = dict(rng.choice(valid))
+        # same event_id as a real change, other content: whichever copy arrives second is
+        # quarantined as DUPLICATE_EVENT_CONFLICT
+        conflict = json.loads(valid[rng.randrange(len(valid))])
         conflict["city"] = "Conflicting City"
-        return conflict
-    return base
+        return json.dumps(conflict)
+    return json.dumps(base)
+
+
+def delivery_order(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> list[str]:
+    """The records in delivery (arrival) order, as JSON lines, in O(n log n).
+
+    Source changes keep their commit-order slot except that a share of them swaps with a near
+    neighbour (out of order) or moves towards the end of the stream (late); duplicates are
+    placed after their original; invalid records anywhere. Every record gets a sort key and
+    one stable sort builds the stream (no ``list.insert``).
+
+    Returns:
+        The records in delivery order.
+    """
+    changes = _source_changes(cfg, rng, now)
+    n = len(changes)
+    order = list(range(n))
+    # out of order: swap neighbours within a short window
+    for _ in range(int(n * cfg.out_of_order_rate)):
+        i = rng.randrange(n)
+        j = min(n - 1, i + rng.randint(1, 25))
+        order[i], order[j] = order[j], order[i]
+    keys: list[float] = [float(slot) for slot in range(n)]
+    # late: move some events towards the end of the stream (last fifth, after their own slot)
+    for _ in range(int(n * cfg.late_rate)):
+        slot = rng.randrange(n)
+        keys[slot] = rng.uniform(max(keys[slot], n - n / 5), n)
+    items: list[tuple[float, int, str]] = [
+        (keys[slot], slot, changes[order[slot]]) for slot in range(n)
+    ]
+    serial = n
+    for _ in range(int(n * cfg.duplicate_rate)):
+        slot = rng.randrange(n)
+        items.append((rng.uniform(keys[slot], n), serial, changes[order[slot]]))
+        serial += 1
+    for k in range(int(n * cfg.invalid_rate)):
+        items.append((rng.uniform(0, n), serial, _invalid_record(k, rng, now, changes)))
+        serial += 1
+    items.sort(key=lambda item: (item[0], item[1]))
+    return [line for _, _, line in items]
 
 
 def generate(out_dir: str | Path, cfg: GeneratorConfig) -> GenerationSummary:
@@ -202,33 +282,20 @@ def generate(out_dir: str | Path, cfg: GeneratorConfig) -> GenerationSummary:
         cfg: generation parameters.
 
     Returns:
-        A summary of what was written. Files are named ``events-<n>.jsonl[.gz]`` and their
-        modification times follow their names, so landing order is name order.
+        A summary of what was written (with ``lines``: every record in arrival order). Files
+        are named ``events-<n>.jsonl[.gz]`` and their modification times follow their names,
+        so landing order is name order.
     """
     rng = random.Random(cfg.seed)
     now = (cfg.now or datetime.now(UTC)) - timedelta(minutes=1)
-    changes = _source_changes(cfg, rng, now)
-    delivery: list[Any] = list(changes)
-    n = len(delivery)
-    # out of order: swap neighbours within a short window
-    for _ in range(int(n * cfg.out_of_order_rate)):
-        i = rng.randrange(n)
-        j = min(n - 1, i + rng.randint(1, 25))
-        delivery[i], delivery[j] = delivery[j], delivery[i]
-    # late: move some events towards the end of the stream
-    for _ in range(int(n * cfg.late_rate)):
-        i = rng.randrange(len(delivery))
-        event = delivery.pop(i)
-        delivery.insert(rng.randint(max(i, len(delivery) - n // 5), len(delivery)), event)
-    summary = GenerationSummary(valid_events=n)
-    for _ in range(int(n * cfg.duplicate_rate)):
-        i = rng.randrange(len(delivery))
-        delivery.insert(rng.randint(i, len(delivery)), delivery[i])
-        summary.duplicates += 1
-    for k in range(int(n * cfg.invalid_rate)):
-        delivery.insert(rng.randrange(len(delivery) + 1), _invalid_record(k, rng, now, changes))
-        summary.invalid += 1
-    summary.records = len(delivery)
+    delivery = delivery_order(cfg, rng, now)
+    summary = GenerationSummary(
+        valid_events=cfg.events,
+        duplicates=int(cfg.events * cfg.duplicate_rate),
+        invalid=int(cfg.events * cfg.invalid_rate),
+        records=len(delivery),
+        lines=delivery,
+    )
 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -237,11 +304,10 @@ def generate(out_dir: str | Path, cfg: GeneratorConfig) -> GenerationSummary:
     base_mtime = datetime.now(UTC).timestamp() - 3600
     for f, start in enumerate(range(0, len(delivery), per_file)):
         chunk = delivery[start : start + per_file]
-        lines = [r if isinstance(r, str) else json.dumps(r) for r in chunk]
         number = existing + f + 1
         gz = cfg.gzip_every > 0 and number % cfg.gzip_every == 0
         path = folder / f"events-{number:05d}.jsonl{'.gz' if gz else ''}"
-        data = ("\n".join(lines) + "\n").encode("utf-8")
+        data = ("\n".join(chunk) + "\n").encode("utf-8")
         tmp = path.with_name("." + path.name + ".tmp")
         if gz:
             with gzip.open(tmp, "wb") as handle:
@@ -253,3 +319,88 @@ def generate(out_dir: str | Path, cfg: GeneratorConfig) -> GenerationSummary:
         os.utime(path, (stamp, stamp))
         summary.files.append(str(path))
     return summary
+
+
+@dataclass
+class ExpectedOutcome:
+    """What the pipeline must produce from a stream of records (the reference fold).
+
+    Attributes:
+        state: expected Silver rows (one per customer_id) and hard-mode tombstones.
+        quarantine: failure reason → number of records quarantined for it.
+        records: non-blank records in the stream.
+        accepted: records accepted into Bronze (duplicates included).
+        duplicates: exact re-deliveries among ``accepted``.
+    """
+
+    state: ReferenceState
+    quarantine: dict[str, int]
+    records: int
+    accepted: int
+    duplicates: int
+
+    def counts(self) -> dict[str, Any]:
+        """JSON form of the counts: records, accepted, duplicates, quarantine per reason and
+        the expected Silver counts (rows, active, deleted, tombstones)."""
+        rows = self.state.rows.values()
+        return {
+            "records": self.records,
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "quarantined": sum(self.quarantine.values()),
+            "quarantine": dict(sorted(self.quarantine.items())),
+            "silver": {
+                "rows": len(self.state.rows),
+                "active": sum(1 for r in rows if r["is_active"]),
+                "deleted": sum(1 for r in rows if r["is_deleted"]),
+                "tombstones": len(self.state.tombstones),
+            },
+        }
+
+
+def expected_outcome(
+    lines: list[str],
+    delete_mode: DeleteMode = "soft",
+    customer_id_pattern: str = r"^C-[0-9]+$",
+    max_clock_skew: timedelta = timedelta(minutes=5),
+    processing_time: datetime | None = None,
+) -> ExpectedOutcome:
+    """Validate, de-duplicate and fold records exactly as the engine does, in arrival order.
+
+    Uses :mod:`cdcflow.plan.rules` (validation), :mod:`cdcflow.plan.dedup` (first copy wins,
+    conflicting copies quarantined) and :func:`cdcflow.plan.reference.fold`.
+
+    Args:
+        lines: the non-blank records in arrival order (file order, then line order).
+        delete_mode: ``soft`` or ``hard``.
+        customer_id_pattern: ``processing.customer_id_pattern``.
+        max_clock_skew: ``processing.max_clock_skew``.
+        processing_time: the processing time used by the future-timestamp rule (default now).
+
+    Returns:
+        The expected Silver state, quarantine counts per reason and delivery counts.
+    """
+    rules = RuleSet(
+        customer_id_pattern=re.compile(customer_id_pattern),
+        processing_time=processing_time or datetime.now(UTC),
+        max_clock_skew=max_clock_skew,
+    )
+    quarantine: Counter[str] = Counter()
+    candidates: list[tuple[int, CdcEvent]] = []
+    for position, line in enumerate(lines):
+        result = validate_record(line.encode("utf-8"), rules)
+        if isinstance(result, Rejection):
+            quarantine[result.reason] += 1
+        else:
+            candidates.append((position, result))
+    deliveries, conflicts = classify(candidates, {})
+    for _, rejection in conflicts:
+        quarantine[rejection.reason] += 1
+    state = fold([d.event for d in deliveries if not d.is_duplicate], delete_mode)
+    return ExpectedOutcome(
+        state=state,
+        quarantine=dict(quarantine),
+        records=len(lines),
+        accepted=len(deliveries),
+        duplicates=sum(d.is_duplicate for d in deliveries),
+    )

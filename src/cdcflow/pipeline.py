@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from cdcflow.errors import ConfigError
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import list_landing
+from cdcflow.sources.postgres import make_source
 from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
 from cdcflow.state.faults import crash_point
 
@@ -76,6 +78,7 @@ class Pipeline:
         self.config = config
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.engine = engine or get_engine(config)
+        self.source = make_source(config)  # None for plain landing files
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -87,6 +90,8 @@ class Pipeline:
         if pending is not None:
             log.info("re-running uncommitted micro-batch", extra={"batch_id": pending.batch_id})
             return pending
+        if self.source is not None:
+            self.source.stage(self.checkpoint)  # e.g. PostgreSQL slot changes -> landing file
         done = self.checkpoint.processed_paths()
         new = [f for f in list_landing(self.config.source.path) if f.path not in done]
         if not new:
@@ -113,6 +118,8 @@ class Pipeline:
                 "silver_version": report.silver_version,
             },
         )
+        if self.source is not None:
+            self.source.acknowledge(offsets)  # only now may the source forget these changes
         if self.config.snowflake.mode == "inline":
             from cdcflow.sinks.snowflake.inline import sync_after_batch
 
@@ -145,11 +152,13 @@ class Pipeline:
             if trigger.kind == "processing-time":
                 assert trigger.interval is not None
                 with _stop_on_signals(self.stop):
+                    interval = trigger.interval.total_seconds()
                     while not self._stop.is_set():
+                        started = time.monotonic()  # intervals run start to start
                         offsets = self._next_offsets(self.config.source.max_files_per_trigger)
                         if offsets is not None:
                             done(self._run_one(offsets))
-                        self._stop.wait(trigger.interval.total_seconds())
+                        self._stop.wait(max(0.0, started + interval - time.monotonic()))
                 return reports
             # a crashed batch is re-run with its own offsets before anything new
             pending = self.checkpoint.pending()

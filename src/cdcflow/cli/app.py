@@ -93,7 +93,10 @@ app.command()(reconcile)
 app.command()(replay)
 app.command()(demo)
 
+from cdcflow.cli.source_workload import source_workload  # noqa: E402
 from cdcflow.cli.sync import sync_app  # noqa: E402
+
+app.command("source-workload")(source_workload)
 
 app.add_typer(sync_app)
 

@@ -11,6 +11,8 @@ Grain of each table:
   sequence of its latest DELETE.
 * ``audit/batch_log`` — one row per micro-batch.
 * ``audit/event_outcomes`` — one row per accepted delivery with its outcome.
+* ``silver/customer_history`` — SCD2: one row per (customer_id, sequence) of an applied change,
+  the row image after it plus ``valid_from`` / ``valid_to`` / ``is_current``.
 """
 
 from __future__ import annotations
@@ -173,7 +175,26 @@ EVENT_OUTCOMES = TableSpec(
     ),
 )
 
-ALL_TABLES = (BRONZE, QUARANTINE, SILVER, TOMBSTONES, BATCH_LOG, EVENT_OUTCOMES)
+HISTORY = TableSpec(
+    "silver/customer_history",
+    pa.schema(
+        [
+            *[f for f in SILVER_FIELDS if not f.name.startswith("_cdc_")],
+            pa.field("event_id", pa.string(), nullable=False),
+            pa.field("operation", pa.string(), nullable=False),
+            pa.field("lsn", pa.string(), nullable=False),
+            pa.field("sequence", pa.string(), nullable=False),
+            pa.field("valid_from", TS, nullable=False),
+            pa.field("valid_to", TS),
+            pa.field("is_current", pa.bool_(), nullable=False),
+        ]
+    ),
+    configuration=CDF,
+)
+"""``silver/customer_history`` (SCD2): one row per applied change of a customer (see
+:mod:`cdcflow.plan.history`)."""
+
+ALL_TABLES = (BRONZE, QUARANTINE, SILVER, TOMBSTONES, BATCH_LOG, EVENT_OUTCOMES, HISTORY)
 
 #: Outcome values of ``audit/event_outcomes``.
 OUTCOMES = ("APPLIED", "SUPERSEDED_IN_BATCH", "STALE", "DUPLICATE", "TOMBSTONED")

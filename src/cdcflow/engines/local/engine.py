@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -45,6 +45,7 @@ from cdcflow.layers.tables import (
 )
 from cdcflow.logs import get_logger
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
+from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.dedup import Delivery, classify
 from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, silver_merge_spec
 from cdcflow.plan.rules import Rejection, RuleSet, validate_record
@@ -131,30 +132,30 @@ class LocalEngine:
         self, offsets: BatchOffsets, records: list[RawRecord], deliveries: list[Delivery]
     ) -> pa.Table:
         now = offsets.processing_time
-        cols: dict[str, list[object]] = {name: [] for name in BRONZE.schema.names}
-        for delivery in deliveries:
-            event, record = delivery.event, records[delivery.position]
-            assert record.data is not None
-            cols["batch_id"].append(offsets.batch_id)
-            cols["ingested_at"].append(now)
-            cols["ingestion_date"].append(now.date())
-            cols["source_file"].append(record.source_file)
-            cols["source_line"].append(record.source_line)
-            cols["raw_payload"].append(record.data.decode("utf-8"))
-            cols["event_id"].append(event.event_id)
-            cols["customer_id"].append(event.customer_id)
-            cols["operation"].append(event.operation.value)
-            cols["event_timestamp"].append(event.event_timestamp)
-            for name in ATTRIBUTES:
-                cols[name].append(event.values.get(name))
-            cols["present_mask"].append(event.present_mask)
-            cols["source_table"].append(event.source_table)
-            cols["lsn"].append(event.lsn)
-            cols["lsn_key"].append(event.sequence[:32])
-            cols["tx_id"].append(event.tx_id)
-            cols["sequence"].append(event.sequence)
-            cols["content_hash"].append(event.content_hash)
-            cols["is_duplicate"].append(delivery.is_duplicate)
+        events = [d.event for d in deliveries]
+        sources = [records[d.position] for d in deliveries]
+        n = len(events)
+        cols: dict[str, list[Any]] = {
+            "batch_id": [offsets.batch_id] * n,
+            "ingested_at": [now] * n,
+            "ingestion_date": [now.date()] * n,
+            "source_file": [r.source_file for r in sources],
+            "source_line": [r.source_line for r in sources],
+            "raw_payload": [r.data.decode("utf-8") for r in sources if r.data is not None],
+            "event_id": [e.event_id for e in events],
+            "customer_id": [e.customer_id for e in events],
+            "operation": [e.operation.value for e in events],
+            "event_timestamp": [e.event_timestamp for e in events],
+            **{name: [e.values.get(name) for e in events] for name in ATTRIBUTES},
+            "present_mask": [e.present_mask for e in events],
+            "source_table": [e.source_table for e in events],
+            "lsn": [e.lsn for e in events],
+            "lsn_key": [e.sequence[:LSN_KEY_WIDTH] for e in events],
+            "tx_id": [e.tx_id for e in events],
+            "sequence": [e.sequence for e in events],
+            "content_hash": [e.content_hash for e in events],
+            "is_duplicate": [d.is_duplicate for d in deliveries],
+        }
         return pa.Table.from_pydict(cols, schema=BRONZE.schema)
 
     def _quarantine_table(
@@ -298,7 +299,18 @@ class LocalEngine:
                 "source_file": [records[d.position].source_file for d in deliveries],
                 "source_line": [records[d.position].source_line for d in deliveries],
             },
-            schema_overrides={"event_id": pl.String, "customer_id": pl.String},
+            schema={
+                "batch_id": pl.Int64,
+                "event_id": pl.String,
+                "customer_id": pl.String,
+                "operation": pl.String,
+                "lsn": pl.String,
+                "sequence": pl.String,
+                "is_duplicate": pl.Boolean,
+                "lag_s": pl.Float64,
+                "source_file": pl.String,
+                "source_line": pl.Int64,
+            },
         )
         batch_max = (
             frame.filter(~pl.col("is_duplicate"))
@@ -395,6 +407,22 @@ class LocalEngine:
                 self._merge_tombstones(events, offsets)
             report.silver_version = self.store.table(SILVER).version()
         crash_point("after_silver", batch_id)
+
+        with _stage(report, "history"):  # SCD2 timeline of the touched keys, then Gold/maintenance
+            from cdcflow.engines.local.gold import after_batch
+            from cdcflow.engines.local.history import merge_history
+            from cdcflow.layers.tables import HISTORY
+
+            merge_history(
+                self.store.table(HISTORY),
+                lambda: self._history_of(keys, batch_id),
+                keys,
+                self.mode,
+                self.app_id,
+                batch_id,
+            )
+        with _stage(report, "gold"):
+            after_batch(self.config, self.app_id, batch_id)
 
         with _stage(report, "audit"):
             outcomes = self._outcomes(offsets, records, deliveries, targets, prior_tombs, report)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Fetch the Delta Lake jars (and their runtime dependencies) for the Spark engine into
+# ./.spark-jars with Maven, so nothing is downloaded when a Spark session starts.
+# Idempotent: does nothing when the jars of this version are already there.
+#
+# Usage: scripts/spark/fetch-jars.sh [target-folder]   (default: ./.spark-jars)
+set -euo pipefail
+
+DELTA_VERSION="${DELTA_VERSION:-4.0.1}"
+SCALA_BINARY="${SCALA_BINARY:-2.13}"
+TARGET="${1:-.spark-jars}"
+
+if [ -f "$TARGET/delta-spark_${SCALA_BINARY}-${DELTA_VERSION}.jar" ] \
+    && [ -f "$TARGET/delta-storage-${DELTA_VERSION}.jar" ]; then
+    echo "Delta ${DELTA_VERSION} jars already in ${TARGET}"
+    exit 0
+fi
+
+command -v mvn >/dev/null || { echo "mvn (Apache Maven) is required" >&2; exit 1; }
+mkdir -p "$TARGET"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cat > "$work/pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>cdcflow</groupId>
+  <artifactId>spark-jars</artifactId>
+  <version>1</version>
+  <dependencies>
+    <dependency>
+      <groupId>io.delta</groupId>
+      <artifactId>delta-spark_${SCALA_BINARY}</artifactId>
+      <version>${DELTA_VERSION}</version>
+      <!-- Spark itself comes with pyspark: only Delta's own jars are needed -->
+      <exclusions>
+        <exclusion><groupId>org.apache.spark</groupId><artifactId>*</artifactId></exclusion>
+        <exclusion><groupId>org.scala-lang</groupId><artifactId>*</artifactId></exclusion>
+      </exclusions>
+    </dependency>
+  </dependencies>
+</project>
+POM
+mvn -q -B -f "$work/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$(cd "$TARGET" && pwd)"
+ls "$TARGET"

@@ -1,0 +1,108 @@
+"""``cdcflow generate``: sample CDC landing files, plus the expected outcome for benchmarks.
+
+With ``--expected FILE`` it also writes the expected Silver state (public columns, one row per
+customer_id; ``.parquet``, ``.csv`` or JSON lines) computed by the reference fold over the
+valid, de-duplicated records in arrival order, and a JSON file of expected counts
+(``--expected-counts``, default ``<FILE stem>.counts.json``): records, accepted, duplicates,
+quarantined per reason, and Silver rows/active/deleted/tombstones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cdcflow.cli.app import console
+from cdcflow.errors import CdcflowError
+from cdcflow.generator import GenerationSummary, GeneratorConfig, expected_outcome
+from cdcflow.generator import generate as write_events
+from cdcflow.reconcile import frame_from_reference, write_state_file
+
+NOTATIONS = ("postgres", "sqlserver", "decimal", "mixed")
+
+
+def counts_path_for(expected: Path) -> Path:
+    """Default path of the expected-counts JSON next to an expected-state file."""
+    return expected.with_name(expected.stem + ".counts.json")
+
+
+def write_expected(
+    summary: GenerationSummary,
+    expected: Path,
+    counts_path: Path | None = None,
+    delete_mode: str = "soft",
+    customer_id_pattern: str = r"^C-[0-9]+$",
+) -> dict[str, object]:
+    """Write the expected Silver state and counts of generated records.
+
+    Returns:
+        The counts written (see :meth:`cdcflow.generator.ExpectedOutcome.counts`).
+    """
+    if delete_mode not in ("soft", "hard"):
+        raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
+    outcome = expected_outcome(summary.lines, delete_mode, customer_id_pattern)  # type: ignore[arg-type]
+    write_state_file(frame_from_reference(outcome.state), expected)
+    counts = outcome.counts()
+    counts["delete_mode"] = delete_mode
+    target = counts_path or counts_path_for(expected)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(counts, indent=1) + "\n", encoding="utf-8")
+    return counts
+
+
+def generate(
+    out: Annotated[Path, typer.Option(help="Landing folder to write into.")] = Path("./landing"),
+    events: Annotated[int, typer.Option(min=1, help="Number of source changes.")] = 2000,
+    customers: Annotated[int, typer.Option(min=1, help="Number of distinct customers.")] = 300,
+    files: Annotated[int, typer.Option(min=1, help="Number of files to split into.")] = 10,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 42,
+    duplicate_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.05,
+    out_of_order_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.15,
+    late_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.02,
+    invalid_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.01,
+    partial_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.5,
+    lsn_notation: Annotated[str, typer.Option(help="postgres | sqlserver | decimal | mixed")] = (
+        "postgres"
+    ),
+    gzip_every: Annotated[int, typer.Option(min=0, help="Gzip every n-th file (0: none).")] = 0,
+    expected: Annotated[
+        Path | None,
+        typer.Option(help="Also write the expected Silver state here (.parquet/.csv/.jsonl)."),
+    ] = None,
+    expected_counts: Annotated[
+        Path | None,
+        typer.Option(help="Expected counts JSON (default: <expected stem>.counts.json)."),
+    ] = None,
+    delete_mode: Annotated[str, typer.Option(help="Delete mode of the expected state.")] = "soft",
+) -> None:
+    """Write realistic JSON-lines CDC event files (with duplicates, late and invalid records)."""
+    if lsn_notation not in NOTATIONS:
+        raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
+    summary = write_events(
+        out,
+        GeneratorConfig(
+            events=events,
+            customers=customers,
+            files=files,
+            seed=seed,
+            duplicate_rate=duplicate_rate,
+            out_of_order_rate=out_of_order_rate,
+            late_rate=late_rate,
+            invalid_rate=invalid_rate,
+            partial_rate=partial_rate,
+            lsn_notation=lsn_notation,  # type: ignore[arg-type]
+            gzip_every=gzip_every,
+        ),
+    )
+    console.print(
+        f"wrote {summary.records} records ({summary.valid_events} changes, "
+        f"{summary.duplicates} duplicates, {summary.invalid} invalid) "
+        f"in {len(summary.files)} files to {out}"
+    )
+    if expected is not None:
+        counts = write_expected(summary, expected, expected_counts, delete_mode)
+        silver = counts["silver"]
+        console.print(f"expected state ({delete_mode} mode) written to {expected}: {silver}")

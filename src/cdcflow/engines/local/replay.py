@@ -1,0 +1,376 @@
+"""Local engine replay: rebuild Silver (and hard-mode tombstones) from Bronze alone.
+
+Steps (``cdcflow replay``):
+
+1. :func:`rebuild_shadow` reads Bronze at a pinned Delta version (latest, or ``--to-version``),
+   splits the customers into hash buckets (``customer_id.hash() % buckets``) and, per bucket,
+   lazily scans only that bucket's first copies (``is_duplicate = false``), re-validates every
+   row (:func:`cdcflow.plan.replay.revalidate`), folds it completely with the engine's Polars
+   fold (:func:`~cdcflow.engines.local.fold.fold_events`) and appends the result to the shadow
+   tables ``_shadow/silver/customers`` and ``_shadow/silver/customer_tombstones``. The fold is
+   per customer_id, so the buckets' union equals one fold over all of Bronze, while memory is
+   bounded by one bucket.
+2. :func:`verify` compares the shadow with the live tables (:mod:`cdcflow.reconcile`).
+3. :func:`apply` replaces Silver with the shadow content in ONE Delta commit (an overwrite: the
+   previous state stays reachable by time travel), does the same for the tombstones in hard
+   mode, and appends a ``kind = 'replay'`` row to ``audit/batch_log``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import polars as pl
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.fold import fold_events
+from cdcflow.errors import CdcflowError, TableError
+from cdcflow.layers.tables import BATCH_LOG, BRONZE, SILVER, TOMBSTONES, TableSpec
+from cdcflow.logs import get_logger
+from cdcflow.model.events import ATTRIBUTES
+from cdcflow.plan.replay import DEFAULT_BUCKET_ROWS, bucket_count, revalidate
+from cdcflow.reconcile import ReconcileReport, reconcile_state
+from cdcflow.report import BatchReport
+from cdcflow.state.checkpoint import Checkpoint
+
+log = get_logger("engine.local.replay")
+
+SHADOW_PREFIX = "_shadow"
+_TOMBSTONE_COLUMNS = ["_cdc_seq", "deleted_at", "last_event_id", "last_lsn", "tombstoned_at"]
+
+_EVENT_DTYPES: dict[str, Any] = {
+    "event_timestamp": pl.Datetime("us", "UTC"),
+    "ingested_at": pl.Datetime("us", "UTC"),
+    "present_mask": pl.Int32,
+    **{name: pl.String for name in (*ATTRIBUTES, "lsn", "sequence")},
+}
+
+
+class ReplayError(CdcflowError):
+    """A replay cannot run or cannot be applied (e.g. Bronze changed since the rebuild)."""
+
+
+def shadow_name(spec: TableSpec) -> str:
+    """Name of the shadow copy of a table (e.g. ``_shadow/silver/customers``)."""
+    return f"{SHADOW_PREFIX}/{spec.name}"
+
+
+@dataclass
+class ReplayResult:
+    """What a replay rebuilt.
+
+    Attributes:
+        delete_mode: ``soft`` or ``hard``.
+        bronze_version: the Bronze Delta version read.
+        bronze_rows: Bronze rows at that version (duplicates included).
+        duplicates: Bronze rows flagged ``is_duplicate`` (skipped).
+        last_batch_id: highest micro-batch id in Bronze (-1 when empty).
+        buckets: customer hash buckets processed.
+        events: first copies that re-validated (the fold's input).
+        inserts / updates / deletes: ``events`` by operation.
+        rejected: failure reason → Bronze first copies that no longer validate.
+        sequence_mismatches: rows whose re-derived sequence differs from the stored one.
+        duplicate_ids: first copies sharing an event_id with an earlier first copy.
+        silver_rows / tombstone_rows: rows written to the shadow tables.
+        seconds: wall time of the rebuild.
+        silver_report / tombstone_report: filled by :func:`verify`.
+        applied_version: Silver's Delta version written by :func:`apply`.
+    """
+
+    delete_mode: str
+    bronze_version: int
+    bronze_rows: int = 0
+    duplicates: int = 0
+    last_batch_id: int = -1
+    buckets: int = 0
+    events: int = 0
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    sequence_mismatches: int = 0
+    duplicate_ids: int = 0
+    silver_rows: int = 0
+    tombstone_rows: int = 0
+    seconds: float = 0.0
+    silver_report: ReconcileReport | None = None
+    tombstone_report: ReconcileReport | None = None
+    applied_version: int | None = None
+
+    @property
+    def verified(self) -> bool | None:
+        """True/False after :func:`verify` (shadow equals live), None before."""
+        if self.silver_report is None:
+            return None
+        tomb_ok = self.tombstone_report is None or self.tombstone_report.ok
+        return self.silver_report.ok and tomb_ok
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        data = {k: v for k, v in self.__dict__.items() if not k.endswith("_report")}
+        data["verified"] = self.verified
+        data["silver_report"] = self.silver_report.to_json() if self.silver_report else None
+        data["tombstone_report"] = (
+            self.tombstone_report.to_json() if self.tombstone_report else None
+        )
+        return data
+
+
+def _open(config: CdcflowConfig, name: str, version: int | None = None) -> DeltaTable:
+    try:
+        return DeltaTable(
+            config.table_uri(name),
+            version=version,
+            storage_options=config.storage.options or None,
+        )
+    except TableNotFoundError as exc:
+        raise TableError(f"{config.table_uri(name)}: Delta table not found") from exc
+    except Exception as exc:  # delta-rs raises a generic error for a missing version
+        raise TableError(f"{config.table_uri(name)}: cannot open version {version}: {exc}") from exc
+
+
+def _write(
+    config: CdcflowConfig,
+    name: str,
+    data: pa.Table,
+    mode: Literal["append", "overwrite"],
+    props: CommitProperties | None,
+) -> None:
+    options = config.storage.options or None
+    uri = config.table_uri(name)
+    if mode == "overwrite":
+        write_deltalake(
+            uri, data, mode="overwrite", storage_options=options, commit_properties=props
+        )
+    else:
+        write_deltalake(uri, data, mode="append", storage_options=options, commit_properties=props)
+
+
+def _tombstones(events: pl.DataFrame) -> pl.DataFrame:
+    """Latest DELETE per customer_id, with the processing time of the batch that brought it."""
+    return (
+        events.filter(pl.col("operation") == "DELETE")
+        .sort("sequence")
+        .group_by("customer_id")
+        .agg(
+            pl.col("sequence").last().alias("_cdc_seq"),
+            pl.col("event_timestamp").last().alias("deleted_at"),
+            pl.col("event_id").last().alias("last_event_id"),
+            pl.col("lsn").last().alias("last_lsn"),
+            pl.col("ingested_at").last().alias("tombstoned_at"),
+        )
+        .select(TOMBSTONES.schema.names)
+    )
+
+
+def rebuild_shadow(
+    config: CdcflowConfig,
+    to_version: int | None = None,
+    bucket_rows: int = DEFAULT_BUCKET_ROWS,
+    on_bucket: Callable[[int, int], None] | None = None,
+) -> ReplayResult:
+    """Rebuild Silver (and hard-mode tombstones) from Bronze into the shadow tables.
+
+    Args:
+        config: the pipeline configuration (delete mode and validation rules are taken from it).
+        to_version: Bronze Delta version to read (time travel); None = latest.
+        bucket_rows: target Bronze rows per customer hash bucket (bounds memory).
+        on_bucket: called with (buckets done, buckets total) after each bucket.
+
+    Returns:
+        The counts of the rebuild; the shadow tables hold the result.
+
+    Raises:
+        TableError: Bronze (or the requested version) does not exist.
+    """
+    started = time.perf_counter()
+    mode = config.processing.delete_mode
+    bronze = _open(config, BRONZE.name, to_version)
+    version = bronze.version()
+    scan = pl.scan_delta(bronze)
+    stats = scan.select(
+        pl.len().alias("rows"),
+        pl.col("is_duplicate").sum().alias("dups"),
+        pl.col("batch_id").max().alias("last_batch"),
+        pl.col("ingested_at").max().alias("last_ingest"),
+    ).collect()
+    result = ReplayResult(delete_mode=mode, bronze_version=version)
+    result.bronze_rows = int(stats["rows"][0])
+    result.duplicates = int(stats["dups"][0] or 0)
+    last_batch = stats["last_batch"][0]
+    result.last_batch_id = -1 if last_batch is None else int(last_batch)
+    last_ingest: datetime | None = stats["last_ingest"][0]
+    result.buckets = buckets = bucket_count(result.bronze_rows - result.duplicates, bucket_rows)
+    rejected: dict[str, int] = {}
+
+    silver_schema = SILVER.schema
+    _write(config, shadow_name(SILVER), silver_schema.empty_table(), "overwrite", None)
+    _write(config, shadow_name(TOMBSTONES), TOMBSTONES.schema.empty_table(), "overwrite", None)
+    cutoff = (
+        last_ingest - config.processing.tombstone_retention if last_ingest is not None else None
+    )
+    read_cols = ["raw_payload", "ingested_at", "sequence"]
+    for bucket in range(buckets):
+        rows = (
+            scan.filter(~pl.col("is_duplicate"))
+            .filter((pl.col("customer_id").hash(seed=0) % buckets) == bucket)
+            .select(*read_cols, "batch_id", "source_file", "source_line")
+            .sort("batch_id", "source_file", "source_line")
+            .select(read_cols)
+            .collect()
+        )
+        checked = revalidate(
+            rows.iter_rows(),
+            config.processing.customer_id_pattern,
+            config.processing.max_clock_skew,
+        )
+        del rows
+        for reason, n in checked.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + n
+        result.sequence_mismatches += checked.sequence_mismatches
+        result.duplicate_ids += checked.duplicate_ids
+        result.events += checked.accepted
+        if checked.accepted:
+            events = pl.DataFrame(checked.columns, schema_overrides=_EVENT_DTYPES)
+            del checked
+            ops = events["operation"].value_counts()
+            by_op = dict(zip(ops["operation"].to_list(), ops["count"].to_list(), strict=True))
+            result.inserts += by_op.get("INSERT", 0)
+            result.updates += by_op.get("UPDATE", 0)
+            result.deletes += by_op.get("DELETE", 0)
+            folded = fold_events(events, mode).filter(pl.col("_cdc_seq").is_not_null())
+            silver_rows = folded.select(silver_schema.names).to_arrow().cast(silver_schema)
+            _write(config, shadow_name(SILVER), silver_rows, "append", None)
+            result.silver_rows += silver_rows.num_rows
+            if mode == "hard":
+                tombs = _tombstones(events)
+                if cutoff is not None:  # the stream purges tombstones past their retention
+                    tombs = tombs.filter(pl.col("tombstoned_at") >= cutoff)
+                if tombs.height:
+                    table = tombs.to_arrow().cast(TOMBSTONES.schema)
+                    _write(config, shadow_name(TOMBSTONES), table, "append", None)
+                    result.tombstone_rows += table.num_rows
+        if on_bucket is not None:
+            on_bucket(bucket + 1, buckets)
+    result.rejected = dict(sorted(rejected.items()))
+    result.seconds = time.perf_counter() - started
+    log.info(
+        "replay shadow rebuilt",
+        extra={k: v for k, v in result.to_json().items() if not k.endswith("report")},
+    )
+    return result
+
+
+def _read(config: CdcflowConfig, name: str, columns: list[str]) -> pl.DataFrame:
+    return pl.scan_delta(_open(config, name)).select(columns).collect()
+
+
+def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
+    """Compare the shadow tables with the live ones and store the reports in ``result``.
+
+    The shadow (rebuilt from Bronze) is the expected side; the live Silver the actual side.
+    Every Silver column is compared (public columns and ``_cdc_`` sequence registers).
+    """
+    names = SILVER.schema.names
+    live_silver = _open(config, SILVER.name)
+    result.silver_report = reconcile_state(
+        actual=pl.scan_delta(live_silver).select(names).collect(),
+        expected=_read(config, shadow_name(SILVER), names),
+        columns=names[1:],
+        kind="replay",
+        expected_label=f"replay of bronze v{result.bronze_version}",
+        actual_label=f"silver v{live_silver.version()}",
+    )
+    if result.delete_mode == "hard":
+        cols = ["customer_id", *_TOMBSTONE_COLUMNS]
+        result.tombstone_report = reconcile_state(
+            actual=_read(config, TOMBSTONES.name, cols),
+            expected=_read(config, shadow_name(TOMBSTONES), cols),
+            columns=_TOMBSTONE_COLUMNS,
+            kind="replay",
+            expected_label="replayed tombstones",
+            actual_label="silver/customer_tombstones",
+        )
+    return result
+
+
+def _batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        yield from pa.Table.from_batches([batch]).select(schema.names).cast(schema).to_batches()
+
+
+def _overwrite_from_shadow(config: CdcflowConfig, spec: TableSpec, props: CommitProperties) -> int:
+    # the dataset is opened before the write: delta-rs cannot be re-entered from its writer
+    dataset = _open(config, shadow_name(spec)).to_pyarrow_dataset()
+    reader = pa.RecordBatchReader.from_batches(
+        spec.schema, _batches(dataset.to_batches(), spec.schema)
+    )
+    target = _open(config, spec.name)
+    write_deltalake(target, reader, mode="overwrite", commit_properties=props)
+    return _open(config, spec.name).version()
+
+
+def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
+    """Replace Silver (and, in hard mode, the tombstones) with the shadow content.
+
+    Silver is replaced in one Delta commit (an overwrite; ``DESCRIBE HISTORY`` / time travel
+    still reach the previous version). Runs under the checkpoint's run lock, so no micro-batch
+    runs meanwhile. Appends a ``kind = 'replay'`` row to ``audit/batch_log``.
+
+    Raises:
+        ReplayError: Bronze has moved past the replayed version (the shadow would roll Silver
+            back and the newer batches would never be re-applied).
+        CheckpointError: a pipeline run holds the checkpoint lock.
+    """
+    started_at = datetime.now(UTC)
+    started = time.perf_counter()
+    with Checkpoint(config.checkpoint.location).lock():
+        latest = _open(config, BRONZE.name).version()
+        if latest != result.bronze_version:
+            raise ReplayError(
+                f"bronze is at version {latest} but the replay read version "
+                f"{result.bronze_version}; --apply needs a replay of the latest Bronze "
+                "(see docs/recovery_playbook.md to restore an older state)"
+            )
+        props = CommitProperties(
+            custom_metadata={
+                "cdcflow.operation": "replay",
+                "cdcflow.bronze_version": str(result.bronze_version),
+            }
+        )
+        result.applied_version = _overwrite_from_shadow(config, SILVER, props)
+        if result.delete_mode == "hard":
+            _overwrite_from_shadow(config, TOMBSTONES, props)
+        report = BatchReport(
+            batch_id=result.last_batch_id,
+            pipeline=config.pipeline.name,
+            kind="replay",
+            started_at=started_at,
+            duration_ms=int((time.perf_counter() - started + result.seconds) * 1000),
+            records_received=result.bronze_rows,
+            accepted=result.events,
+            quarantined=sum(result.rejected.values()),
+            duplicates=result.duplicates,
+            inserts=result.inserts,
+            updates=result.updates,
+            deletes=result.deletes,
+            silver_version=result.applied_version,
+            delete_mode=result.delete_mode,
+        )
+        row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
+        _write(config, BATCH_LOG.name, row, "append", props)
+    log.info(
+        "replay applied",
+        extra={"silver_version": result.applied_version, "bronze_version": result.bronze_version},
+    )
+    return result
+
+
+__all__ = ["ReplayError", "ReplayResult", "apply", "rebuild_shadow", "shadow_name", "verify"]

@@ -1,0 +1,1 @@
+"""Sinks: copies of the lakehouse tables in external systems (Snowflake)."""

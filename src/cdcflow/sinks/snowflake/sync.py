@@ -1,0 +1,494 @@
+"""Incremental, exactly-once synchronization of Silver (and Gold) to Snowflake.
+
+Silver → ``DIM_CUSTOMER_CURRENT``, one sync:
+
+1. Read the synchronized Silver Delta version ``v`` from ``CDC_SYNC_STATE`` (none: full refresh).
+2. Read Silver's Change Data Feed for versions ``v+1 .. current`` and reduce it to one row per
+   customer_id: the change of the highest commit version wins; a ``delete`` change (hard delete,
+   tombstone expiry) becomes ``DELETE``, every other change ``UPSERT`` of the post-image.
+3. Load those rows into ``DIM_CUSTOMER_CURRENT_STAGE`` under a fresh ``SYNC_ID``.
+4. In one transaction: MERGE the stage rows into the target keyed on ``CUSTOMER_ID`` (rows whose
+   public columns already equal the stage are left untouched), then move the state row from
+   ``v`` to ``current`` (``UPDATE ... WHERE DELTA_VERSION = v``: a concurrent sync that got
+   there first makes this one roll back), then commit.
+5. Remove the attempt's stage rows.
+
+A failure anywhere before the commit leaves target and state as they were (the transaction rolls
+back), so the next sync recomputes the same change set from the same ``v``; after the commit
+the state says ``current`` and the next sync has nothing to do. A full refresh (``--full``,
+bootstrap, or a state ahead of Silver after a rebuild) stages the whole Silver snapshot, MERGEs
+it, deletes target rows absent from it and upserts the state, in one transaction too.
+
+Gold → ``AGG_*``: each existing Gold table whose Delta version differs from its state row is
+copied in full (DELETE + INSERT + state, one transaction).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import polars as pl
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.errors import CdcflowError, TableError
+from cdcflow.logs import get_logger
+from cdcflow.sinks.snowflake.connection import connect, target_of
+from cdcflow.sinks.snowflake.faults import fail_point
+from cdcflow.sinks.snowflake.tables import (
+    DIM_TABLE,
+    GOLD_TABLES,
+    PUBLIC_COLUMNS,
+    SILVER_TABLE,
+    STAGE_TABLE,
+    STATE_TABLE,
+    arrow_to_sf,
+    ddl,
+)
+
+log = get_logger("snowflake.sync")
+
+SyncKind = Literal["incremental", "full", "noop"]
+_STAGE_RETENTION = timedelta(days=1)
+
+
+class SyncConflictError(CdcflowError):
+    """Another sync moved ``CDC_SYNC_STATE`` first; this attempt was rolled back (retry it)."""
+
+
+@dataclass
+class TableSyncReport:
+    """Outcome of synchronizing one Snowflake table.
+
+    Attributes:
+        target: Snowflake table name.
+        source: Delta table name under ``storage.root``.
+        kind: ``incremental``, ``full`` or ``noop`` (already at the source's version).
+        from_version: Delta version synchronized before (None on bootstrap).
+        to_version: Delta version synchronized now.
+        staged: rows loaded (stage table, or rows copied for Gold).
+        inserted / updated / deleted: rows changed in the target.
+        source_committed_at: commit time of ``to_version`` in Delta (UTC).
+        synced_at: commit time of the Snowflake transaction (UTC).
+    """
+
+    target: str
+    source: str
+    kind: SyncKind
+    from_version: int | None
+    to_version: int
+    staged: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    source_committed_at: datetime | None = None
+    synced_at: datetime | None = None
+
+    @property
+    def lag_s(self) -> float | None:
+        """Seconds from the Delta commit of ``to_version`` to the Snowflake commit."""
+        if self.source_committed_at is None or self.synced_at is None:
+            return None
+        return (self.synced_at - self.source_committed_at).total_seconds()
+
+    def log_fields(self) -> dict[str, Any]:
+        """Counts, versions and timings (no attribute values)."""
+        return {
+            "target": self.target,
+            "kind": self.kind,
+            "from_version": self.from_version,
+            "to_version": self.to_version,
+            "staged": self.staged,
+            "inserted": self.inserted,
+            "updated": self.updated,
+            "deleted": self.deleted,
+            "lag_s": None if self.lag_s is None else round(self.lag_s, 3),
+        }
+
+
+@dataclass
+class SyncReport:
+    """Outcome of one sync: the DIM table and every Gold table found.
+
+    Attributes:
+        tables: one report per Snowflake table, DIM first.
+        duration_ms: wall time in milliseconds.
+    """
+
+    tables: list[TableSyncReport] = field(default_factory=list)
+    duration_ms: int = 0
+
+    @property
+    def dim(self) -> TableSyncReport:
+        """The ``DIM_CUSTOMER_CURRENT`` report."""
+        return self.tables[0]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _execute(cur: Any, sql: str, params: Sequence[Any] | None = None) -> Any:
+    cur.execute(sql, params)
+    return cur
+
+
+#: ``CDC_SYNC_STATE.DELTA_VERSION`` of a target never synchronized.
+NEVER_SYNCED = -1
+
+
+def _state_version(cur: Any, target: str, source: str) -> int | None:
+    """The target's synchronized Delta version (None: never), creating its state row if missing.
+
+    The row is created outside the sync transaction so that the transaction only UPDATEs it
+    (fakesnow: a second MERGE inside a transaction commits it).
+    """
+    _execute(
+        cur,
+        f"INSERT INTO {STATE_TABLE} (TARGET_TABLE, SOURCE_TABLE, DELTA_VERSION, SYNCED_AT, "
+        f"SYNC_ID) SELECT %s, %s, %s, %s, '' WHERE NOT EXISTS (SELECT 1 FROM {STATE_TABLE} "
+        "WHERE TARGET_TABLE = %s)",
+        (target, source, NEVER_SYNCED, datetime.now(UTC), target),
+    )
+    row = _execute(
+        cur, f"SELECT DELTA_VERSION FROM {STATE_TABLE} WHERE TARGET_TABLE = %s", (target,)
+    ).fetchone()
+    version = int(row[0])
+    return None if version == NEVER_SYNCED else version
+
+
+def _advance_state(cur: Any, report: TableSyncReport, sync_id: str) -> None:
+    """Move the state row from ``report.from_version`` to ``report.to_version``.
+
+    Raises:
+        SyncConflictError: the row is no longer at ``from_version``.
+    """
+    _execute(
+        cur,
+        f"UPDATE {STATE_TABLE} SET DELTA_VERSION = %s, SYNCED_AT = %s, SYNC_ID = %s "
+        "WHERE TARGET_TABLE = %s AND DELTA_VERSION = %s",
+        (
+            report.to_version,
+            datetime.now(UTC),
+            sync_id,
+            report.target,
+            NEVER_SYNCED if report.from_version is None else report.from_version,
+        ),
+    )
+    if cur.rowcount != 1:
+        raise SyncConflictError(
+            f"{STATE_TABLE}: {report.target} is no longer at Delta version "
+            f"{report.from_version} (a concurrent sync); rolled back"
+        )
+
+
+def _commit_time(table: DeltaTable, version: int) -> datetime | None:
+    current = table.version()
+    for entry in table.history(limit=max(1, current - version + 1)):
+        if entry.get("version") == version and "timestamp" in entry:
+            return datetime.fromtimestamp(entry["timestamp"] / 1000, tz=UTC)
+    return None
+
+
+def open_delta(config: CdcflowConfig, name: str) -> DeltaTable:
+    """Open the Delta table ``name`` under ``storage.root``.
+
+    Raises:
+        TableError: it does not exist or cannot be read.
+    """
+    uri = config.table_uri(name)
+    try:
+        return DeltaTable(uri, storage_options=config.storage.options or None)
+    except Exception as exc:  # deltalake raises TableNotFoundError and others
+        raise TableError(f"{name}: cannot open Delta table ({type(exc).__name__})") from None
+
+
+def to_polars(data: Any) -> pl.DataFrame:
+    """A Polars frame of a PyArrow table or any Arrow C stream (e.g. ``load_cdf``'s reader)."""
+    table = (
+        data if isinstance(data, pa.Table) else pa.RecordBatchReader.from_stream(data).read_all()
+    )
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def read_changes(table: DeltaTable, from_version: int, to_version: int) -> pl.DataFrame:
+    """Silver's CDF for versions ``from_version+1 .. to_version``, one row per customer_id.
+
+    Returns:
+        Columns ``CHANGE_KIND`` (``UPSERT``/``DELETE``) and the public Silver columns; the row
+        of the highest ``_commit_version`` per customer_id (within one version a post-image
+        wins over a delete).
+    """
+    cdf = to_polars(table.load_cdf(starting_version=from_version + 1, ending_version=to_version))
+    if cdf.is_empty():
+        return pl.DataFrame(
+            schema={"CHANGE_KIND": pl.String, **dict(cdf.select(PUBLIC_COLUMNS).schema)}
+        )
+    reduced = (
+        cdf.filter(pl.col("_change_type") != "update_preimage")
+        .with_columns(
+            (pl.col("_change_type") != "delete").cast(pl.Int8).alias("_rank"),
+        )
+        .sort(["customer_id", "_commit_version", "_rank"])
+        .group_by("customer_id", maintain_order=True)
+        .last()
+    )
+    return reduced.select(
+        pl.when(pl.col("_change_type") == "delete")
+        .then(pl.lit("DELETE"))
+        .otherwise(pl.lit("UPSERT"))
+        .alias("CHANGE_KIND"),
+        *PUBLIC_COLUMNS,
+    )
+
+
+def read_snapshot(table: DeltaTable, version: int) -> pl.DataFrame:
+    """The public Silver columns at ``version`` as ``UPSERT`` rows (full refresh)."""
+    table.load_as_version(version)
+    frame = to_polars(table.to_pyarrow_table(columns=list(PUBLIC_COLUMNS)))
+    return frame.select(pl.lit("UPSERT").alias("CHANGE_KIND"), *PUBLIC_COLUMNS)
+
+
+def _chunks(rows: list[tuple[Any, ...]], size: int) -> Iterable[list[tuple[Any, ...]]]:
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+def _load_stage(cur: Any, sync_id: str, changes: pl.DataFrame, chunk_rows: int) -> int:
+    loaded_at = datetime.now(UTC)
+    columns = ["SYNC_ID", "LOADED_AT", "CHANGE_KIND", *(c.upper() for c in PUBLIC_COLUMNS)]
+    sql = (
+        f"INSERT INTO {STAGE_TABLE} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))})"
+    )
+    rows = [(sync_id, loaded_at, *row) for row in changes.iter_rows()]
+    for chunk in _chunks(rows, chunk_rows):
+        cur.executemany(sql, chunk)
+    return len(rows)
+
+
+def _merge_sql() -> str:
+    cols = [c.upper() for c in PUBLIC_COLUMNS]
+    differs = " OR ".join(f"t.{c} IS DISTINCT FROM s.{c}" for c in cols[1:])
+    sets = ", ".join(f"{c} = s.{c}" for c in cols[1:])
+    return (
+        f"MERGE INTO {DIM_TABLE} t "
+        f"USING (SELECT * FROM {STAGE_TABLE} WHERE SYNC_ID = %s) s "
+        "ON t.CUSTOMER_ID = s.CUSTOMER_ID "
+        "WHEN MATCHED AND s.CHANGE_KIND = 'DELETE' THEN DELETE "
+        f"WHEN MATCHED AND ({differs}) THEN UPDATE SET {sets}, SYNCED_VERSION = %s "
+        "WHEN NOT MATCHED AND s.CHANGE_KIND = 'UPSERT' THEN "
+        f"INSERT ({', '.join(cols)}, SYNCED_VERSION) "
+        f"VALUES ({', '.join('s.' + c for c in cols)}, %s)"
+    )
+
+
+def _merge_counts(row: Sequence[Any] | None) -> tuple[int, int, int]:
+    """(inserted, updated, deleted) of a MERGE result row (all three clauses present)."""
+    if not row:
+        return 0, 0, 0
+    values = [int(v or 0) for v in row] + [0, 0, 0]
+    return values[0], values[1], values[2]
+
+
+def ensure_tables(config: CdcflowConfig, cur: Any) -> None:
+    """Create the schema, DIM, stage and state tables if missing."""
+    target = target_of(config)
+    for statement in ddl(target.database, target.schema):
+        _execute(cur, statement)
+
+
+# ---------------------------------------------------------------- Silver → DIM
+
+
+def sync_dim(
+    config: CdcflowConfig, full: bool = False, fail_at: str | None = None
+) -> TableSyncReport:
+    """Synchronize Silver to ``DIM_CUSTOMER_CURRENT`` (see the module docstring).
+
+    Args:
+        config: the pipeline configuration.
+        full: full refresh instead of the CDF increment.
+        fail_at: failure injection point (tests), see :mod:`cdcflow.sinks.snowflake.faults`.
+
+    Returns:
+        The table report.
+
+    Raises:
+        TableError: Silver does not exist.
+        SyncConflictError: a concurrent sync advanced the state first (nothing was changed).
+        InjectedSyncFailure: ``fail_at`` selected a point.
+    """
+    silver = open_delta(config, SILVER_TABLE)
+    current = silver.version()
+    with connect(config) as conn:
+        cur = conn.cursor()
+        ensure_tables(config, cur)
+        synced = _state_version(cur, DIM_TABLE, SILVER_TABLE)
+        kind: SyncKind = "incremental"
+        if full or synced is None or synced > current:
+            kind = "full"
+        elif synced == current:
+            return TableSyncReport(DIM_TABLE, SILVER_TABLE, "noop", synced, current)
+        changes: pl.DataFrame | None = None
+        if kind == "incremental":
+            assert synced is not None
+            try:
+                changes = read_changes(silver, synced, current)
+            except Exception as exc:  # CDF files vacuumed or not recorded for a version
+                log.warning(
+                    "Silver change data feed unreadable, falling back to a full refresh",
+                    extra={"from_version": synced, "error_type": type(exc).__name__},
+                )
+                kind = "full"
+        if changes is None:
+            changes = read_snapshot(silver, current)
+        report = TableSyncReport(DIM_TABLE, SILVER_TABLE, kind, synced, current)
+        report.source_committed_at = _commit_time(silver, current)
+        sync_id = uuid.uuid4().hex
+        report.staged = _load_stage(cur, sync_id, changes, config.snowflake.load_chunk_rows)
+        fail_point("after_load", fail_at)
+        _commit_dim(config, report, sync_id, fail_at)
+        fail_point("after_commit", fail_at)
+        _execute(
+            cur,
+            f"DELETE FROM {STAGE_TABLE} WHERE SYNC_ID = %s OR LOADED_AT < %s",
+            (sync_id, datetime.now(UTC) - _STAGE_RETENTION),
+        )
+    return report
+
+
+def _commit_dim(
+    config: CdcflowConfig, report: TableSyncReport, sync_id: str, fail_at: str | None
+) -> None:
+    """MERGE + state update in one transaction (the MERGE is its first statement)."""
+    with connect(config, autocommit=False) as tx:
+        cur = tx.cursor()
+        try:
+            # fakesnow: a MERGE right after an explicit BEGIN fails, and a MERGE after other
+            # statements commits them; with autocommit off the MERGE, as the first statement,
+            # opens the transaction itself (the same on Snowflake). No other MERGE follows.
+            merged = _execute(
+                cur, _merge_sql(), (sync_id, report.to_version, report.to_version)
+            ).fetchone()
+            report.inserted, report.updated, report.deleted = _merge_counts(merged)
+            if report.kind == "full":
+                _execute(
+                    cur,
+                    f"DELETE FROM {DIM_TABLE} t WHERE NOT EXISTS (SELECT 1 FROM {STAGE_TABLE} s "
+                    "WHERE s.SYNC_ID = %s AND s.CUSTOMER_ID = t.CUSTOMER_ID)",
+                    (sync_id,),
+                )
+                report.deleted += max(int(cur.rowcount or 0), 0)
+            fail_point("after_merge", fail_at)
+            _advance_state(cur, report, sync_id)
+            fail_point("after_state", fail_at)
+            tx.commit()
+        except BaseException:
+            tx.rollback()
+            raise
+    report.synced_at = datetime.now(UTC)
+
+
+# ---------------------------------------------------------------- Gold → AGG_*
+
+
+def gold_table_exists(config: CdcflowConfig, name: str) -> bool:
+    """Whether the Delta table ``name`` exists under ``storage.root``."""
+    return DeltaTable.is_deltatable(
+        config.table_uri(name), storage_options=config.storage.options or None
+    )
+
+
+def sync_gold_table(
+    config: CdcflowConfig, name: str, target_table: str, full: bool = False
+) -> TableSyncReport:
+    """Copy one Gold table to ``target_table`` in full when its Delta version changed.
+
+    Raises:
+        TableError: the table cannot be opened or has a column type without Snowflake mapping.
+    """
+    gold = open_delta(config, name)
+    version = gold.version()
+    data = gold.to_pyarrow_table()
+    try:
+        cols = [(f.name.upper(), arrow_to_sf(f.type)) for f in data.schema]
+    except TypeError as exc:
+        raise TableError(f"{name}: {exc}") from None
+    with connect(config) as conn:
+        cur = conn.cursor()
+        ensure_tables(config, cur)
+        _execute(
+            cur,
+            f"CREATE TABLE IF NOT EXISTS {target_table} ({', '.join(f'{c} {t}' for c, t in cols)})",
+        )
+        synced = _state_version(cur, target_table, name)
+    if synced == version and not full:
+        return TableSyncReport(target_table, name, "noop", synced, version)
+    report = TableSyncReport(target_table, name, "full", synced, version)
+    report.source_committed_at = _commit_time(gold, version)
+    rows = [tuple(r.values()) for r in data.to_pylist()]
+    insert = (
+        f"INSERT INTO {target_table} ({', '.join(c for c, _ in cols)}) "
+        f"VALUES ({', '.join(['%s'] * len(cols))})"
+    )
+    with connect(config, autocommit=False) as tx:
+        cur = tx.cursor()
+        try:
+            _execute(cur, f"DELETE FROM {target_table}")
+            report.deleted = max(int(cur.rowcount or 0), 0)
+            for chunk in _chunks(rows, config.snowflake.load_chunk_rows):
+                cur.executemany(insert, chunk)
+            _advance_state(cur, report, uuid.uuid4().hex)
+            tx.commit()
+        except BaseException:
+            tx.rollback()
+            raise
+    report.staged = report.inserted = len(rows)
+    report.synced_at = datetime.now(UTC)
+    return report
+
+
+def sync_gold(config: CdcflowConfig, full: bool = False) -> list[TableSyncReport]:
+    """Copy every existing Gold table (``GOLD_TABLES``) to its ``AGG_*`` table."""
+    return [
+        sync_gold_table(config, name, target, full)
+        for name, target in GOLD_TABLES.items()
+        if gold_table_exists(config, name)
+    ]
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def sync_snowflake(
+    config: CdcflowConfig, full: bool = False, fail_at: str | None = None
+) -> SyncReport:
+    """Synchronize Silver → ``DIM_CUSTOMER_CURRENT`` and Gold → ``AGG_*`` once.
+
+    Args:
+        config: the pipeline configuration.
+        full: full refresh (bootstrap/repair) instead of the incremental CDF sync.
+        fail_at: failure injection point (tests).
+
+    Returns:
+        The sync report (DIM first).
+
+    Raises:
+        TableError / SyncConflictError / InjectedSyncFailure: see :func:`sync_dim`.
+        MissingDependencyError: the ``snowflake`` extra is not installed.
+    """
+    started = time.monotonic()
+    report = SyncReport([sync_dim(config, full=full, fail_at=fail_at)])
+    report.tables.extend(sync_gold(config, full=full))
+    report.duration_ms = int((time.monotonic() - started) * 1000)
+    for table in report.tables:
+        log.info("snowflake sync", extra=table.log_fields())
+    return report

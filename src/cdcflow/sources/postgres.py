@@ -1,0 +1,422 @@
+"""PostgreSQL source: stage a logical replication slot's changes as landing files.
+
+``source.type: postgres`` reuses the whole file pipeline. Before each micro-batch is planned,
+:meth:`PostgresSource.stage` *peeks* (never gets) up to ``max_changes_per_batch`` decoded rows
+(whole transactions) from the slot with ``pg_logical_slot_peek_changes`` (wal2json
+format-version 2), converts every row change of the configured table into a canonical flat event
+(:mod:`cdcflow.sources.postgres_decode`) and writes them atomically (temporary name + rename) to
+one landing file named by its LSN range, ``pg_<start>_<end>.jsonl`` (16 hex digits each).
+
+The slot is the offset store. Its confirmed position advances
+(``pg_replication_slot_advance``) in :meth:`PostgresSource.acknowledge`, called only after the
+micro-batch holding the staged file has its commit marker. A small state file next to the
+checkpoint, ``<checkpoint.location>/postgres_source.json``, remembers which staged file covers
+which LSN range and whether the slot was advanced past it:
+
+* a staged file not yet committed is not staged again — the pipeline lists and processes it;
+* a staged file whose batch is committed but whose acknowledgement was lost (crash between the
+  commit marker and the advance) is acknowledged on the next :meth:`stage`;
+* if a crash loses the state entry of a file, the same changes are re-peeked from the slot's
+  confirmed position and re-staged under the same name with the same content: identical events
+  are exact duplicates (same event_id, same content), which the pipeline classifies as
+  ``DUPLICATE``. Nothing is lost (the slot never moves past uncommitted events) and nothing is
+  applied twice.
+
+The password is never logged nor stored: it comes from the environment variable named by
+``source.postgres.password_env``, the file ``source.postgres.password_file``, or libpq's own
+``PGPASSWORD``/``.pgpass``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdcflow.errors import CdcflowError, ConfigError, MissingDependencyError
+from cdcflow.logs import get_logger
+from cdcflow.model.lsn import format_pg_lsn, parse_lsn
+from cdcflow.sources.postgres_decode import DecodedRange, decode_rows
+
+if TYPE_CHECKING:
+    from cdcflow.config import CdcflowConfig, PostgresSourceSection
+    from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
+
+log = get_logger("sources.postgres")
+
+STATE_FILE = "postgres_source.json"
+INSTALL_HINT = "the PostgreSQL source needs psycopg 3: pip install 'cdcflow[postgres]'"
+
+
+class PostgresSourceError(CdcflowError):
+    """The PostgreSQL source cannot connect, read its slot or advance it."""
+
+
+def require_psycopg() -> Any:
+    """The ``psycopg`` module.
+
+    Raises:
+        MissingDependencyError: psycopg 3 is not installed (the message says how to install it).
+    """
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise MissingDependencyError(INSTALL_HINT) from exc
+    return psycopg
+
+
+def _password(settings: PostgresSourceSection) -> str | None:
+    if settings.password_file:
+        try:
+            return Path(settings.password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"source.postgres.password_file: cannot read {settings.password_file} "
+                f"({exc.strerror})"
+            ) from exc
+    if settings.password_env and settings.password_env in os.environ:
+        return os.environ[settings.password_env]
+    return None
+
+
+def describe(settings: PostgresSourceSection) -> str:
+    """Where the source connects, for messages and logs (no password, no DSN text)."""
+    if settings.dsn:
+        return "the configured dsn"
+    return f"{settings.host}:{settings.port}/{settings.dbname} as {settings.user}"
+
+
+def connect(settings: PostgresSourceSection, autocommit: bool = True) -> Any:
+    """Open a psycopg connection from the ``source.postgres`` settings.
+
+    Raises:
+        MissingDependencyError: psycopg is not installed.
+        PostgresSourceError: the server cannot be reached or refuses the login.
+    """
+    psycopg = require_psycopg()
+    kwargs: dict[str, Any] = {"autocommit": autocommit, "connect_timeout": 10}
+    if not settings.dsn:
+        kwargs.update(
+            host=settings.host, port=settings.port, dbname=settings.dbname, user=settings.user
+        )
+    password = _password(settings)
+    if password is not None:
+        kwargs["password"] = password
+    try:
+        return psycopg.connect(settings.dsn, **kwargs)
+    except psycopg.Error as exc:
+        # the message of libpq never contains the password
+        raise PostgresSourceError(
+            f"cannot connect to PostgreSQL at {describe(settings)}: {str(exc).strip()}"
+        ) from None
+
+
+@contextmanager
+def connection(settings: PostgresSourceSection) -> Iterator[Any]:
+    """A connection (autocommit) closed on exit."""
+    conn = connect(settings)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def wal2json_options(table: str) -> list[str]:
+    """Options of ``pg_logical_slot_peek_changes`` for wal2json format-version 2."""
+    qualified = table if "." in table else f"public.{table}"
+    return [
+        "format-version",
+        "2",
+        "include-xids",
+        "1",
+        "include-timestamp",
+        "1",
+        "include-lsn",
+        "1",
+        "add-tables",
+        qualified,
+    ]
+
+
+def ensure_slot(conn: Any, settings: PostgresSourceSection) -> int:
+    """Create the logical replication slot if missing; return its confirmed position (numeric).
+
+    Raises:
+        PostgresSourceError: the slot exists with another plugin, or cannot be created.
+    """
+    row = conn.execute(
+        "SELECT plugin, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+        (settings.slot_name,),
+    ).fetchone()
+    if row is None:
+        try:
+            conn.execute(
+                "SELECT pg_create_logical_replication_slot(%s, %s)",
+                (settings.slot_name, settings.plugin),
+            )
+        except Exception as exc:
+            raise PostgresSourceError(
+                f"cannot create replication slot {settings.slot_name!r} "
+                f"(wal_level=logical and the {settings.plugin} plugin are required): "
+                f"{str(exc).strip()}"
+            ) from None
+        log.info("replication slot created", extra={"slot": settings.slot_name})
+        return confirmed_lsn(conn, settings.slot_name)
+    plugin, confirmed = row
+    if plugin != settings.plugin:
+        raise PostgresSourceError(
+            f"replication slot {settings.slot_name!r} uses plugin {plugin!r}, "
+            f"expected {settings.plugin!r}"
+        )
+    return parse_lsn(confirmed)
+
+
+def confirmed_lsn(conn: Any, slot_name: str) -> int:
+    """The slot's confirmed position (``confirmed_flush_lsn``), numeric.
+
+    Raises:
+        PostgresSourceError: no such slot.
+    """
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+        (slot_name,),
+    ).fetchone()
+    if row is None or row[0] is None:
+        raise PostgresSourceError(f"replication slot {slot_name!r} does not exist")
+    return parse_lsn(row[0])
+
+
+def peek(conn: Any, settings: PostgresSourceSection, max_changes: int) -> DecodedRange:
+    """Peek up to ``max_changes`` decoded rows (whole transactions) and decode them."""
+    options = wal2json_options(settings.table)
+    placeholders = ", ".join(["%s"] * len(options))
+    rows = conn.execute(
+        f"SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, %s, {placeholders})",
+        (settings.slot_name, max_changes, *options),
+    ).fetchall()
+    return decode_rows(rows, key_column=settings.key_column)
+
+
+def advance(conn: Any, slot_name: str, target: int) -> int:
+    """Advance the slot's confirmed position to ``target`` unless it is already there.
+
+    Returns:
+        The confirmed position afterwards (numeric).
+    """
+    current = confirmed_lsn(conn, slot_name)
+    if target <= current:
+        return current
+    conn.execute(
+        "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot_name, format_pg_lsn(target))
+    )
+    return confirmed_lsn(conn, slot_name)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One landing file staged from the slot.
+
+    Attributes:
+        path: absolute path of the landing file.
+        start_lsn: first decoded row's LSN (numeric).
+        end_lsn: end of the last commit record covered (numeric): the slot's target.
+        events: number of events in the file.
+        acknowledged: True once the slot was advanced to ``end_lsn``.
+    """
+
+    path: str
+    start_lsn: int
+    end_lsn: int
+    events: int
+    acknowledged: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """Serialisable form (LSNs in ``X/Y`` notation)."""
+        return {
+            "path": self.path,
+            "start_lsn": format_pg_lsn(self.start_lsn),
+            "end_lsn": format_pg_lsn(self.end_lsn),
+            "events": self.events,
+            "acknowledged": self.acknowledged,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StagedFile:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            path=str(data["path"]),
+            start_lsn=parse_lsn(data["start_lsn"]),
+            end_lsn=parse_lsn(data["end_lsn"]),
+            events=int(data["events"]),
+            acknowledged=bool(data["acknowledged"]),
+        )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class PostgresSource:
+    """Stages a replication slot's changes into the landing folder; advances it on commit.
+
+    Args:
+        config: the pipeline configuration (``source.path`` = landing folder,
+            ``source.postgres`` = connection, slot and table, ``checkpoint.location`` = where
+            the state file lives).
+    """
+
+    def __init__(self, config: CdcflowConfig) -> None:
+        self.settings = config.source.postgres
+        self.landing = Path(config.source.path)
+        self.state_path = Path(config.checkpoint.location) / STATE_FILE
+
+    # -- state file -------------------------------------------------------------------------
+    def staged(self) -> list[StagedFile]:
+        """The staged files recorded in the state file, oldest first."""
+        if not self.state_path.exists():
+            return []
+        try:
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+            return [StagedFile.from_json(f) for f in data["staged"]]
+        except (OSError, ValueError, KeyError) as exc:
+            raise PostgresSourceError(
+                f"{self.state_path}: unreadable source state ({exc})"
+            ) from exc
+
+    def _save(self, staged: list[StagedFile]) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"slot": self.settings.slot_name, "staged": [f.to_json() for f in staged]}
+        _write_atomic(self.state_path, json.dumps(payload, indent=1))
+
+    # -- pipeline hooks ---------------------------------------------------------------------
+    def stage(self, checkpoint: Checkpoint) -> StagedFile | None:
+        """Stage the next changes of the slot as one landing file, if there is nothing pending.
+
+        Staged files of committed batches that were not acknowledged yet (a crash after the
+        commit marker) are acknowledged first. While a staged file is not committed, nothing new
+        is staged (the pipeline processes that file first).
+
+        Args:
+            checkpoint: the pipeline's checkpoint (which files which batches took, and which
+                batches are committed).
+
+        Returns:
+            The newly staged file, or None when nothing new was staged.
+
+        Raises:
+            PostgresSourceError: the database or slot cannot be read or advanced.
+            MissingDependencyError: psycopg is not installed.
+        """
+        staged = self.staged()
+        committed = _committed_paths(checkpoint)
+        with connection(self.settings) as conn:
+            ensure_slot(conn, self.settings)
+            unacked = [f for f in staged if not f.acknowledged]
+            if unacked:
+                done = [f for f in unacked if f.path in committed]
+                if done:
+                    staged = self._acknowledge(conn, staged, {f.path for f in done})
+                waiting = [f for f in unacked if f.path not in committed and Path(f.path).exists()]
+                if waiting:
+                    return None
+                lost = {f.path for f in unacked if f.path not in committed} - {
+                    f.path for f in waiting
+                }
+                if lost:  # a state entry without its file: re-peek those changes
+                    staged = [f for f in staged if f.path not in lost]
+                    self._save(staged)
+            while True:
+                decoded = peek(conn, self.settings, self.settings.max_changes_per_batch)
+                if decoded.end_lsn is None or decoded.start_lsn is None:
+                    return None
+                name = f"pg_{decoded.start_lsn:016X}_{decoded.end_lsn:016X}.jsonl"
+                path = (self.landing / name).resolve()
+                if decoded.events and str(path) not in committed:
+                    break
+                # no change of the table in these transactions, or this very range is already
+                # committed (its state entry was lost): nothing to stage, move the slot on
+                advance(conn, self.settings.slot_name, decoded.end_lsn)
+        self.landing.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in decoded.events)
+        _write_atomic(path, lines)
+        entry = StagedFile(str(path), decoded.start_lsn, decoded.end_lsn, len(decoded.events))
+        self._save([*[f for f in staged if f.path != entry.path], entry])
+        if decoded.truncates:
+            log.warning(
+                "source TRUNCATE staged; it is quarantined, not applied",
+                extra={"table": self.settings.table, "truncates": decoded.truncates},
+            )
+        log.info(
+            "staged changes from replication slot",
+            extra={
+                "slot": self.settings.slot_name,
+                "file": name,
+                "events": entry.events,
+                "transactions": decoded.transactions,
+                "start_lsn": format_pg_lsn(entry.start_lsn),
+                "end_lsn": format_pg_lsn(entry.end_lsn),
+            },
+        )
+        return entry
+
+    def acknowledge(self, offsets: BatchOffsets) -> None:
+        """Advance the slot past the staged files of a committed micro-batch.
+
+        Call only after the batch's commit marker is written.
+
+        Raises:
+            PostgresSourceError: the slot cannot be advanced.
+        """
+        paths = {f.path for f in offsets.files}
+        staged = self.staged()
+        if not any(f.path in paths and not f.acknowledged for f in staged):
+            return
+        with connection(self.settings) as conn:
+            self._acknowledge(conn, staged, paths)
+
+    def _acknowledge(
+        self, conn: Any, staged: list[StagedFile], paths: set[str]
+    ) -> list[StagedFile]:
+        targets = [f.end_lsn for f in staged if f.path in paths and not f.acknowledged]
+        if not targets:
+            return staged
+        position = advance(conn, self.settings.slot_name, max(targets))
+        updated = [
+            StagedFile(f.path, f.start_lsn, f.end_lsn, f.events, True)
+            if f.path in paths or f.end_lsn <= position
+            else f
+            for f in staged
+        ]
+        self._save(updated)
+        log.info(
+            "replication slot advanced",
+            extra={"slot": self.settings.slot_name, "confirmed_lsn": format_pg_lsn(position)},
+        )
+        return updated
+
+
+def _committed_paths(checkpoint: Checkpoint) -> set[str]:
+    last = checkpoint.last_batch()
+    paths: set[str] = set()
+    if last is None:
+        return paths
+    for batch_id in range(last + 1):
+        if checkpoint.is_committed(batch_id):
+            paths.update(f.path for f in checkpoint.offsets(batch_id).files)
+    return paths
+
+
+def make_source(config: CdcflowConfig) -> PostgresSource | None:
+    """The staging source for ``source.type`` (None for plain landing files)."""
+    if config.source.type == "postgres":
+        return PostgresSource(config)
+    return None

@@ -1,0 +1,81 @@
+"""The 10,000-event benchmark reconciles 100%, through the demo; generator properties."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+from typer.testing import CliRunner
+
+from cdcflow.cli.app import app
+from cdcflow.cli.demo import STEPS
+from cdcflow.generator import GeneratorConfig, delivery_order, generate
+
+runner = CliRunner()
+
+
+def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    result = runner.invoke(app, ["demo", "--dir", str(folder), "--output", "json"])
+    assert result.exit_code == 0, result.output
+    steps = json.loads(result.stdout[result.stdout.index("[\n") :])
+    assert [s["step"] for s in steps] == [name for name, _ in STEPS]
+    assert all(s["ok"] for s in steps)
+    # the benchmark's promise, checked on the tables themselves
+    counts = json.loads((folder / "expected" / "silver.counts.json").read_text())
+    silver = pl.scan_delta(str(folder / "lakehouse" / "silver" / "customers")).collect()
+    expected = pl.read_parquet(folder / "expected" / "silver.parquet")
+    assert silver.height == counts["silver"]["rows"] == expected.height
+    assert int(silver["is_active"].sum()) == counts["silver"]["active"]
+    assert int(silver["is_deleted"].sum()) == counts["silver"]["deleted"]
+    assert silver.select(expected.columns).sort("customer_id").equals(expected)
+    bronze = pl.scan_delta(str(folder / "lakehouse" / "bronze" / "customer_events"))
+    assert bronze.select(pl.len()).collect().item() == counts["accepted"]
+    assert counts["records"] == 10_000 + 500 + 100
+    # a second demo run starts from a fresh folder
+    again = runner.invoke(app, ["demo", "--dir", str(folder), "--events", "300"])
+    assert again.exit_code == 0, again.output
+
+
+def test_demo_refuses_a_foreign_folder(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    result = runner.invoke(app, ["demo", "--dir", str(tmp_path)])
+    assert result.exit_code != 0
+    assert (tmp_path / "precious.txt").exists()
+
+
+def test_generator_is_deterministic_and_orders_copies_after_originals(tmp_path: Path) -> None:
+    now = datetime(2025, 5, 12, 12, 0, tzinfo=UTC)
+    cfg = GeneratorConfig(events=3000, customers=200, seed=3, now=now)
+    first = delivery_order(cfg, random.Random(cfg.seed), now)
+    assert first == delivery_order(cfg, random.Random(cfg.seed), now)
+    assert len(first) == 3000 + int(3000 * cfg.duplicate_rate) + int(3000 * cfg.invalid_rate)
+    seen: set[str] = set()
+    for line in first:
+        if line in seen:
+            continue  # a duplicate: its original came before
+        seen.add(line)
+    assert len(seen) == len(first) - int(3000 * cfg.duplicate_rate)
+    ids = [json.loads(line)["event_id"] for line in first if line.startswith('{"event_id": "EVT')]
+    assert ids != sorted(ids)  # out of order and late events
+
+
+def test_generate_cli_writes_expected_state_and_counts(tmp_path: Path) -> None:
+    landing, expected = tmp_path / "landing", tmp_path / "out" / "expected.jsonl"
+    args = ["generate", "--out", str(landing), "--events", "500", "--customers", "50"]
+    result = runner.invoke(app, [*args, "--expected", str(expected), "--delete-mode", "hard"])
+    assert result.exit_code == 0, result.output
+    counts = json.loads((tmp_path / "out" / "expected.counts.json").read_text())
+    assert counts["delete_mode"] == "hard"
+    assert counts["records"] == 500 + 25 + 5
+    assert counts["quarantined"] == sum(counts["quarantine"].values()) > 0
+    assert counts["records"] == counts["accepted"] + counts["quarantined"]
+    rows = expected.read_text().splitlines()
+    assert len(rows) == counts["silver"]["rows"]
+    assert counts["silver"]["deleted"] == 0  # hard mode: deleted customers are absent
+    more = generate(tmp_path / "more", GeneratorConfig(events=50, files=4))
+    assert len(more.files) == 4
+    assert sum(len(Path(f).read_text().splitlines()) for f in more.files) == more.records

@@ -1,0 +1,346 @@
+"""Snowflake sync against the fakesnow emulator's HTTP server (real connector, real connection)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from typer.testing import CliRunner
+
+from cdcflow.config import SnowflakeSection
+from cdcflow.errors import ConfigError
+from cdcflow.plan.reference import SILVER_COLUMNS
+from cdcflow.sinks.snowflake.connection import connect, start_emulator, stop_emulator
+from cdcflow.sinks.snowflake.faults import ENV_VAR, SYNC_POINTS, InjectedSyncFailure
+from cdcflow.sinks.snowflake.reconcile import read_state, reconcile_snowflake
+from cdcflow.sinks.snowflake.settings import SnowflakeCredentials
+from cdcflow.sinks.snowflake.sync import NEVER_SYNCED, sync_snowflake
+from tests.conftest import Lake, ev, full
+
+_db_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[dict[str, Any]]:
+    """The fakesnow HTTP server on a free port of 127.0.0.1, in memory, for the whole session."""
+    kwargs = start_emulator(":memory:")
+    yield kwargs
+    stop_emulator()
+
+
+def _attach(lake: Lake, **settings: Any) -> Lake:
+    """Point the lake's config at a fresh database of the session's emulator."""
+    lake.config.snowflake = SnowflakeSection(
+        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:", **settings
+    )
+    return lake
+
+
+@pytest.fixture
+def sf_lake(tmp_path: Path, emulator: dict[str, Any]) -> Lake:
+    return _attach(Lake(tmp_path / "soft"))
+
+
+@pytest.fixture
+def sf_hard_lake(tmp_path: Path, emulator: dict[str, Any]) -> Lake:
+    return _attach(Lake(tmp_path / "hard", mode="hard"))
+
+
+def first_batch(lake: Lake) -> None:
+    lake.write(
+        [
+            ev("e1", "C-1", "INSERT", 10, **full()),
+            ev("e2", "C-2", "INSERT", 11, **full(email=None, city="Pune")),
+            ev("e3", "C-3", "INSERT", 12, **full(status="INACTIVE")),
+            ev("e4", "C-4", "INSERT", 13, **full(country="Nepal")),
+            ev("e5", "C-1", "UPDATE", 14, city="Mysuru"),
+            ev("e6", "C-5", "INSERT", 15, **full()),
+        ]
+    )
+    lake.run()
+
+
+def second_batch(lake: Lake) -> None:
+    lake.write(
+        [
+            ev("e7", "C-2", "UPDATE", 20, email="new@example.com"),
+            ev("e8", "C-4", "DELETE", 21),
+            ev("e9", "C-6", "INSERT", 22, **full(city="Delhi")),
+            ev("e5", "C-1", "UPDATE", 14, city="Mysuru"),  # re-delivery: changes nothing
+        ]
+    )
+    lake.run()
+
+
+def dim_rows(lake: Lake) -> dict[str, dict[str, Any]]:
+    """DIM_CUSTOMER_CURRENT as customer_id → row (timestamps as epoch microseconds)."""
+    with connect(lake.config) as conn:
+        cur = conn.cursor()
+        cur.execute(
+            "SELECT CUSTOMER_ID, CITY, EMAIL, STATUS, IS_DELETED, IS_ACTIVE, SYNCED_VERSION, "
+            "DATE_PART(EPOCH_MICROSECOND, DELETED_AT) FROM DIM_CUSTOMER_CURRENT"
+        )
+        names = ["customer_id", "city", "email", "status", "is_deleted", "is_active", "v", "del"]
+        return {r[0]: dict(zip(names, r, strict=True)) for r in cur.fetchall()}
+
+
+def state_version(lake: Lake) -> int | None:
+    with connect(lake.config) as conn:
+        row = (
+            conn.cursor()
+            .execute(
+                "SELECT DELTA_VERSION FROM CDC_SYNC_STATE WHERE TARGET_TABLE = %s",
+                ("DIM_CUSTOMER_CURRENT",),
+            )
+            .fetchone()
+        )
+    assert row is not None  # the sync creates the state row first
+    return None if int(row[0]) == NEVER_SYNCED else int(row[0])
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_dim_matches_silver_after_stream(
+    tmp_path: Path, emulator: dict[str, Any], mode: str
+) -> None:
+    lake = _attach(Lake(tmp_path / mode, mode=mode))
+    first_batch(lake)
+    second_batch(lake)
+    report = sync_snowflake(lake.config)
+    assert report.dim.kind == "full"  # bootstrap
+
+    silver = lake.silver()
+    assert silver == lake.expected().rows  # the pipeline itself is right
+    dim = dim_rows(lake)
+    assert set(dim) == set(silver)
+    for key, row in silver.items():
+        for col in ("city", "email", "status", "is_deleted", "is_active"):
+            assert dim[key][col] == row[col], (key, col)
+    if mode == "soft":
+        assert dim["C-4"]["is_deleted"] is True and dim["C-4"]["status"] == "DELETED"
+        assert dim["C-4"]["del"] is not None
+    else:
+        assert "C-4" not in dim
+    assert dim["C-2"]["email"] == "new@example.com"
+
+    result = reconcile_snowflake(lake.config)
+    assert result.equal, result.log_fields()
+    assert result.dim.target_rows == len(silver)
+    assert result.target_active == sum(r["is_active"] for r in silver.values())
+    assert result.synced_version == result.silver_version
+
+
+def test_resync_changes_nothing(sf_lake: Lake) -> None:
+    first_batch(sf_lake)
+    sync_snowflake(sf_lake.config)
+    before = dim_rows(sf_lake)
+
+    again = sync_snowflake(sf_lake.config)
+    assert again.dim.kind == "noop"
+    refresh = sync_snowflake(sf_lake.config, full=True)
+    assert refresh.dim.kind == "full"
+    assert (refresh.dim.inserted, refresh.dim.updated, refresh.dim.deleted) == (0, 0, 0)
+    assert dim_rows(sf_lake) == before
+    assert reconcile_snowflake(sf_lake.config).equal
+
+
+def test_incremental_sync_applies_only_the_changes(sf_hard_lake: Lake) -> None:
+    lake = sf_hard_lake
+    first_batch(lake)
+    first = sync_snowflake(lake.config)
+    v1 = first.dim.to_version
+    second_batch(lake)
+    report = sync_snowflake(lake.config).dim
+    assert report.kind == "incremental" and report.from_version == v1
+    # C-2 updated, C-4 hard-deleted, C-6 inserted; the re-delivery of e5 changes nothing
+    assert report.staged == 3
+    assert (report.inserted, report.updated, report.deleted) == (1, 1, 1)
+    dim = dim_rows(lake)
+    assert {k: r["v"] for k, r in dim.items()} == {
+        "C-1": v1,
+        "C-2": report.to_version,
+        "C-3": v1,
+        "C-5": v1,
+        "C-6": report.to_version,
+    }
+    assert reconcile_snowflake(lake.config).equal
+
+
+@pytest.mark.parametrize("point", SYNC_POINTS)
+def test_failure_between_steps_recovers(sf_lake: Lake, point: str) -> None:
+    first_batch(sf_lake)
+    v1 = sync_snowflake(sf_lake.config).dim.to_version
+    before = dim_rows(sf_lake)
+    second_batch(sf_lake)
+
+    with pytest.raises(InjectedSyncFailure):
+        sync_snowflake(sf_lake.config, fail_at=point)
+    if point == "after_commit":  # DIM committed; the Gold copies had not started
+        assert state_version(sf_lake) == v1 + 1
+        committed = reconcile_snowflake(sf_lake.config)
+        assert committed.dim.equal and committed.silver_hash == committed.target_hash
+    else:  # rolled back: neither the target nor the state moved
+        assert state_version(sf_lake) == v1
+        assert dim_rows(sf_lake) == before
+        assert not reconcile_snowflake(sf_lake.config).equal
+
+    retry = sync_snowflake(sf_lake.config).dim
+    assert retry.kind == ("noop" if point == "after_commit" else "incremental")
+    result = reconcile_snowflake(sf_lake.config)
+    assert result.equal, result.log_fields()
+    assert sync_snowflake(sf_lake.config).dim.kind == "noop"
+
+
+def test_failure_injected_by_env_var(sf_lake: Lake, monkeypatch: pytest.MonkeyPatch) -> None:
+    first_batch(sf_lake)
+    monkeypatch.setenv(ENV_VAR, "after_state")
+    with pytest.raises(InjectedSyncFailure):
+        sync_snowflake(sf_lake.config)
+    assert state_version(sf_lake) is None  # the bootstrap's state upsert was rolled back
+    assert dim_rows(sf_lake) == {}
+    monkeypatch.delenv(ENV_VAR)
+    sync_snowflake(sf_lake.config)
+    assert reconcile_snowflake(sf_lake.config).equal
+
+
+def test_reconcile_reports_drift_and_full_refresh_repairs(sf_lake: Lake) -> None:
+    first_batch(sf_lake)
+    sync_snowflake(sf_lake.config)
+    with connect(sf_lake.config) as conn:
+        cur = conn.cursor()
+        cur.execute("UPDATE DIM_CUSTOMER_CURRENT SET CITY = 'X' WHERE CUSTOMER_ID = 'C-1'")
+        cur.execute("DELETE FROM DIM_CUSTOMER_CURRENT WHERE CUSTOMER_ID = 'C-3'")
+        cur.execute(
+            "INSERT INTO DIM_CUSTOMER_CURRENT (CUSTOMER_ID, IS_DELETED, IS_ACTIVE, SYNCED_VERSION)"
+            " VALUES ('C-99', FALSE, TRUE, 0)"
+        )
+    drift = reconcile_snowflake(sf_lake.config)
+    assert not drift.equal
+    assert (drift.dim.missing, drift.dim.extra, drift.dim.mismatched) == (1, 1, 1)
+    assert drift.dim.mismatched_columns == {"city": 1}
+    assert set(drift.dim.sample_keys) == {"C-1", "C-3", "C-99"}
+    assert drift.silver_hash != drift.target_hash
+
+    assert sync_snowflake(sf_lake.config).dim.kind == "noop"  # incremental cannot see drift
+    repair = sync_snowflake(sf_lake.config, full=True).dim
+    assert (repair.inserted, repair.updated, repair.deleted) == (1, 1, 1)
+    assert reconcile_snowflake(sf_lake.config).equal
+
+
+def test_gold_tables_equal_agg_tables(sf_lake: Lake) -> None:
+    first_batch(sf_lake)
+    second_batch(sf_lake)
+    report = sync_snowflake(sf_lake.config)
+    gold_targets = {t.target: t for t in report.tables[1:]}
+    if not DeltaTable.is_deltatable(sf_lake.config.table_uri("gold/daily_customer_metrics")):
+        pytest.fail("the pipeline wrote no Gold tables")
+    assert "AGG_CUSTOMER_METRICS" in gold_targets
+    result = reconcile_snowflake(sf_lake.config)
+    assert result.gold and all(g.equal for g in result.gold), [
+        (g.target, g.missing, g.extra) for g in result.gold
+    ]
+    status = DeltaTable(sf_lake.config.table_uri("gold/status_distribution")).to_pyarrow_table()
+    with connect(sf_lake.config) as conn:
+        count = conn.cursor().execute("SELECT COUNT(*) FROM AGG_STATUS_DISTRIBUTION").fetchone()
+    assert count is not None and count[0] == status.num_rows
+    # unchanged Gold versions are not copied again
+    assert {t.kind for t in sync_snowflake(sf_lake.config).tables[1:]} == {"noop"}
+
+
+def test_inline_mode_syncs_after_each_batch(tmp_path: Path, emulator: dict[str, Any]) -> None:
+    lake = _attach(Lake(tmp_path / "inline", mode="hard"), mode="inline")
+    first_batch(lake)
+    assert reconcile_snowflake(lake.config).equal
+    second_batch(lake)
+    assert reconcile_snowflake(lake.config).equal
+    log = lake.table("audit/snowflake_sync").filter(
+        lake.table("audit/snowflake_sync")["target_table"] == "DIM_CUSTOMER_CURRENT"
+    )
+    assert log["batch_id"].to_list() == [0, 1]
+    assert log["kind"].to_list() == ["full", "incremental"]
+    assert all(lag is not None and lag >= 0 for lag in log["lag_s"].to_list())
+
+
+def test_read_state_is_shaped_like_silver(sf_lake: Lake) -> None:
+    first_batch(sf_lake)
+    second_batch(sf_lake)
+    sync_snowflake(sf_lake.config)
+    frame = read_state(sf_lake.config).sort("customer_id")
+    silver = sf_lake.table("silver/customers").select(SILVER_COLUMNS).sort("customer_id")
+    assert frame.columns == list(SILVER_COLUMNS)
+    assert frame.to_dicts() == silver.to_dicts()
+
+
+def test_cli_sync_verify(sf_lake: Lake, tmp_path: Path) -> None:
+    from cdcflow.cli.app import app
+
+    first_batch(sf_lake)
+    sf = sf_lake.config.snowflake
+    config = tmp_path / "cdcflow.yaml"
+    config.write_text(
+        f"storage: {{root: '{sf_lake.config.storage.root}'}}\n"
+        f"source: {{path: '{sf_lake.config.source.path}'}}\n"
+        f"checkpoint: {{location: '{sf_lake.config.checkpoint.location}'}}\n"
+        f"snowflake: {{mode: standalone, database: {sf.database}, emulator: 'on', "
+        "emulator_path: ':memory:'}\n"
+    )
+    result = CliRunner().invoke(app, ["sync", "snowflake", "--config", str(config), "--verify"])
+    assert result.exit_code == 0, result.output
+    assert "snowflake reconciliation: EQUAL" in result.output
+    with connect(sf_lake.config) as conn:
+        conn.cursor().execute("DELETE FROM DIM_CUSTOMER_CURRENT WHERE CUSTOMER_ID = 'C-1'")
+    result = CliRunner().invoke(app, ["sync", "snowflake", "--config", str(config), "--verify"])
+    assert result.exit_code == 1, result.output
+    assert "DIFFERENT" in result.output
+
+
+def test_credentials_only_from_env_and_secret_files(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    assert SnowflakeCredentials.from_env({}) is None
+    with pytest.raises(ConfigError, match="authentication"):
+        SnowflakeCredentials.from_env({"SNOWFLAKE_ACCOUNT": "acme", "SNOWFLAKE_USER": "etl"})
+    secret = tmp_path / "pw"
+    secret.write_text("s3cr3t-value\n")
+    creds = SnowflakeCredentials.from_env(
+        {
+            "SNOWFLAKE_ACCOUNT": "acme",
+            "SNOWFLAKE_USER": "etl",
+            "SNOWFLAKE_ROLE": "LOADER",
+            "SNOWFLAKE_PASSWORD_FILE": str(secret),
+        }
+    )
+    assert creds is not None
+    assert "s3cr3t" not in repr(creds)
+    assert creds.connect_kwargs()["password"] == "s3cr3t-value"
+    assert creds.connect_kwargs()["role"] == "LOADER"
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = tmp_path / "key.p8"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"hunter2-pass"),
+        )
+    )
+    env = {
+        "SNOWFLAKE_ACCOUNT": "acme",
+        "SNOWFLAKE_USER": "etl",
+        "SNOWFLAKE_PRIVATE_KEY_FILE": str(pem),
+        "SNOWFLAKE_PRIVATE_KEY_PASSPHRASE": "hunter2-pass",
+    }
+    creds = SnowflakeCredentials.from_env(env)
+    assert creds is not None and "hunter2" not in repr(creds)
+    der = creds.connect_kwargs()["private_key"]
+    assert isinstance(der, bytes) and "password" not in creds.connect_kwargs()
+    loaded = serialization.load_der_private_key(der, password=None)
+    assert loaded.private_numbers() == key.private_numbers()  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="passphrase"):
+        SnowflakeCredentials.from_env(
+            {**env, "SNOWFLAKE_PRIVATE_KEY_PASSPHRASE": "wrong"}
+        ).connect_kwargs()  # type: ignore[union-attr]
