@@ -194,6 +194,7 @@ def _random_days(records: list[dict], seed: int) -> None:
         record["event_timestamp"] = stamps[record["event_id"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 @settings(
     max_examples=8,

@@ -71,6 +71,7 @@ def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int]) -> Non
     assert current == silver
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 @settings(
     max_examples=15,

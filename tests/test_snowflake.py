@@ -169,7 +169,10 @@ def test_incremental_sync_applies_only_the_changes(sf_hard_lake: Lake) -> None:
     assert reconcile_snowflake(lake.config).equal
 
 
-@pytest.mark.parametrize("point", SYNC_POINTS)
+@pytest.mark.parametrize(
+    "point",
+    [p if p == "after_state" else pytest.param(p, marks=pytest.mark.slow) for p in SYNC_POINTS],
+)
 def test_failure_between_steps_recovers(sf_lake: Lake, point: str) -> None:
     first_batch(sf_lake)
     v1 = sync_snowflake(sf_lake.config).dim.to_version
@@ -250,15 +253,15 @@ def test_gold_tables_equal_agg_tables(sf_lake: Lake) -> None:
     assert {t.kind for t in sync_snowflake(sf_lake.config).tables[1:]} == {"noop"}
 
 
+@pytest.mark.slow
 def test_inline_mode_syncs_after_each_batch(tmp_path: Path, emulator: dict[str, Any]) -> None:
     lake = _attach(Lake(tmp_path / "inline", mode="hard"), mode="inline")
     first_batch(lake)
     assert reconcile_snowflake(lake.config).equal
     second_batch(lake)
     assert reconcile_snowflake(lake.config).equal
-    log = lake.table("audit/snowflake_sync").filter(
-        lake.table("audit/snowflake_sync")["target_table"] == "DIM_CUSTOMER_CURRENT"
-    )
+    sync_log = lake.table("audit/snowflake_sync")
+    log = sync_log.filter(sync_log["target_table"] == "DIM_CUSTOMER_CURRENT").sort("batch_id")
     assert log["batch_id"].to_list() == [0, 1]
     assert log["kind"].to_list() == ["full", "incremental"]
     assert all(lag is not None and lag >= 0 for lag in log["lag_s"].to_list())

@@ -198,6 +198,19 @@ class SnowflakeSection(_Section):
     load_chunk_rows: int = Field(default=2000, ge=1)
 
 
+class SparkSection(_Section):
+    """``spark``: the Spark engine (``pipeline.engine: spark``; see docs/spark.md).
+
+    ``master``: Spark master URL (``local[2]`` by default; a cluster URL otherwise).
+    ``jars_dir``: folder of the Delta jars fetched by ``scripts/spark/fetch-jars.sh``.
+    ``conf``: extra Spark configuration entries (key → value), applied last.
+    """
+
+    master: str = "local[2]"
+    jars_dir: str = ".spark-jars"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
 class CdcflowConfig(BaseSettings):
     """The whole configuration of one pipeline."""
 
@@ -214,6 +227,7 @@ class CdcflowConfig(BaseSettings):
     snowflake: SnowflakeSection = Field(default_factory=SnowflakeSection)
     gold: GoldSection = Field(default_factory=GoldSection)
     maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
+    spark: SparkSection = Field(default_factory=SparkSection)
 
     @classmethod
     def settings_customise_sources(

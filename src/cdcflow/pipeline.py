@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 
 from cdcflow.config import CdcflowConfig, parse_duration
-from cdcflow.engines import Engine, get_engine
+from cdcflow.engines import Engine, StreamingEngine, get_engine
 from cdcflow.errors import ConfigError
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
@@ -148,6 +148,10 @@ class Pipeline:
             if on_batch:
                 on_batch(report)
 
+        if isinstance(self.engine, StreamingEngine):  # the engine drives its own loop (Spark)
+            with self.checkpoint.lock():
+                self.engine.run_stream(trigger, done)
+            return reports
         with self.checkpoint.lock():
             if trigger.kind == "processing-time":
                 assert trigger.interval is not None

@@ -142,10 +142,26 @@ def step_replay(ctx: DemoContext) -> tuple[bool, str]:
     )
 
 
+def step_gold(ctx: DemoContext) -> tuple[bool, str]:
+    """Print the Gold tables refreshed by the run (active customers by geo, daily, status)."""
+    from deltalake import DeltaTable
+
+    from cdcflow.cli.maintenance import print_gold
+    from cdcflow.layers.gold import GOLD_TABLES
+
+    print_gold(ctx.config, console)
+    rows = {
+        spec.name: DeltaTable(ctx.config.table_uri(spec.name)).to_pyarrow_dataset().count_rows()
+        for spec in GOLD_TABLES
+    }
+    return all(rows.values()), ", ".join(f"{name}: {n} rows" for name, n in rows.items())
+
+
 #: The demo's steps, in order (extend by appending ``(name, function)``).
 STEPS: list[tuple[str, StepFn]] = [
     ("generate", step_generate),
     ("run", step_run),
+    ("gold", step_gold),
     ("reconcile", step_reconcile),
     ("replay --verify", step_replay),
 ]

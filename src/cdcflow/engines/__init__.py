@@ -1,16 +1,19 @@
 """Engines: thin adapters that run the engine-neutral CDC plan.
 
-``local`` (default) uses delta-rs (``deltalake``) + Polars + PyArrow in-process.
+``local`` (default) uses delta-rs (``deltalake``) + Polars + PyArrow in-process; ``spark`` runs
+PySpark Structured Streaming + delta-spark (optional extra ``spark``, see docs/spark.md).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from cdcflow.errors import ConfigError
 
 if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig
+    from cdcflow.pipeline import Trigger
     from cdcflow.report import BatchReport
     from cdcflow.state.checkpoint import BatchOffsets
 
@@ -20,6 +23,15 @@ class Engine(Protocol):
 
     def run_batch(self, offsets: BatchOffsets) -> BatchReport:
         """Process one micro-batch of landing files through every table (idempotently)."""
+        ...
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """An engine that drives its own streaming loop (Spark Structured Streaming)."""
+
+    def run_stream(self, trigger: Trigger, on_batch: Callable[[BatchReport], None]) -> None:
+        """Run micro-batches per the trigger, calling ``on_batch`` after each committed one."""
         ...
 
 
@@ -33,6 +45,10 @@ def get_engine(config: CdcflowConfig) -> Engine:
         from cdcflow.engines.local.engine import LocalEngine
 
         return LocalEngine(config)
+    if config.pipeline.engine == "spark":
+        from cdcflow.engines.spark.engine import SparkEngine
+
+        return SparkEngine(config)
     raise ConfigError(
         f"pipeline.engine: engine {config.pipeline.engine!r} is not available yet "
         "(only 'local' is implemented)"

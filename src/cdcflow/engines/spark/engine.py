@@ -1,0 +1,598 @@
+"""Spark engine: Structured Streaming over the landing folder, one ``foreachBatch`` per micro-batch.
+
+Each micro-batch writes, in the local engine's order and with the same schemas
+(:mod:`cdcflow.layers.tables`): Bronze, quarantine, Silver (``DeltaTable.merge`` with the clauses
+of :mod:`cdcflow.plan.merge_spec`), hard-mode tombstones (+ purge), ``audit/event_outcomes`` and
+``audit/batch_log``. Every write carries the Delta app transaction ``cdcflow-<pipeline>`` with
+version = batch id (writer options ``txnAppId``/``txnVersion``; the session confs
+``spark.databricks.delta.write.txnAppId``/``txnVersion`` for MERGE/DELETE) and is skipped when
+the table already holds that version, so a batch re-run from the Spark checkpoint writes nothing
+twice.
+
+Batch ids continue the pipeline's checkpoint (``checkpoint.location``): the first Spark batch
+gets the next id after the local engine's last batch, and every Spark batch is recorded in that
+offset/commit log too, so the local engine continues after Spark (and skips its files). Spark's
+own streaming checkpoint lives in ``<checkpoint.location>/spark``.
+
+Cross-batch state is read from Delta (Bronze for duplicates, Silver/tombstones for the MERGE and
+outcomes), never kept in driver memory; the driver only collects per-batch counts and the file
+list.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import DeltaStore, txn_done
+from cdcflow.errors import CheckpointError, ConfigError
+from cdcflow.layers.tables import (
+    ALL_TABLES,
+    BATCH_LOG,
+    BRONZE,
+    EVENT_OUTCOMES,
+    QUARANTINE,
+    SILVER,
+    TOMBSTONES,
+    TableSpec,
+)
+from cdcflow.logs import get_logger
+from cdcflow.model.events import ATTRIBUTES
+from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, silver_merge_spec
+from cdcflow.report import BatchReport
+from cdcflow.sources.files import LandingFile
+from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
+from cdcflow.state.faults import crash_point
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from cdcflow.pipeline import Trigger
+
+log = get_logger("engine.spark")
+
+FOLD_COLUMNS = [
+    "customer_id",
+    "event_id",
+    "operation",
+    "event_timestamp",
+    *ATTRIBUTES,
+    "present_mask",
+    "lsn",
+    "sequence",
+]
+_CONFLICT_DETAIL = "event_id already received with different content"
+
+
+class SparkEngine:
+    """The distributed engine (PySpark Structured Streaming + delta-spark)."""
+
+    def __init__(self, config: CdcflowConfig) -> None:
+        from cdcflow.engines.spark.session import get_session
+
+        self.config = config
+        self.mode = config.processing.delete_mode
+        self.app_id = f"cdcflow-{config.pipeline.name}"
+        if config.source.type != "files":
+            raise ConfigError("pipeline.engine: spark reads landing files only (source.type)")
+        self.store = DeltaStore(
+            {spec.name: config.table_uri(spec.name) for spec in ALL_TABLES},
+            config.storage.options,
+        )
+        for spec in ALL_TABLES:  # same schemas, partitioning and properties as the local engine
+            self.store.ensure(spec)
+        self.spark: SparkSession = get_session(config.spark)
+        self.checkpoint = Checkpoint(config.checkpoint.location)
+        self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
+        self._stop = threading.Event()
+        self._on_batch: Callable[[BatchReport], None] = lambda report: None
+
+    def run_batch(self, offsets: BatchOffsets) -> BatchReport:
+        """Not used: Spark drives its own micro-batches (see :meth:`run_stream`).
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError("the spark engine runs its own streaming loop (run_stream)")
+
+    def stop(self) -> None:
+        """Ask a continuous run to stop after the current micro-batch."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ streaming loop
+    def _base_batch_id(self) -> int:
+        """First batch id of the Spark stream (persisted, so restarts keep the mapping)."""
+        self.spark_checkpoint.mkdir(parents=True, exist_ok=True)
+        marker = self.spark_checkpoint / "cdcflow_base_batch.json"
+        if marker.exists():
+            return int(json.loads(marker.read_text(encoding="utf-8"))["base_batch_id"])
+        if self.checkpoint.pending() is not None:
+            raise CheckpointError(
+                f"{self.checkpoint.root}: a local-engine micro-batch is uncommitted; "
+                "finish it with pipeline.engine: local before switching to spark"
+            )
+        last = self.checkpoint.last_batch()
+        base = 0 if last is None else last + 1
+        marker.write_text(json.dumps({"base_batch_id": base}), encoding="utf-8")
+        return base
+
+    def run_stream(self, trigger: Trigger, on_batch: Callable[[BatchReport], None]) -> None:
+        """Run the Structured Streaming query per the trigger.
+
+        ``once``: one micro-batch of everything new; ``available-now``: everything new in
+        micro-batches of at most ``source.max_files_per_trigger`` files; ``processing-time``:
+        until SIGINT/SIGTERM (the micro-batch in progress finishes first).
+
+        Raises:
+            CdcflowError: a micro-batch failed (the original error is re-raised).
+        """
+        self._on_batch = on_batch
+        self._base = self._base_batch_id()
+        self._error: BaseException | None = None
+        Path(self.config.source.path).mkdir(parents=True, exist_ok=True)
+        stream = (
+            self.spark.readStream.format("binaryFile")
+            .option("pathGlobFilter", "*.{jsonl,jsonl.gz}")
+            .option("maxFilesPerTrigger", self.config.source.max_files_per_trigger)
+            .load(str(Path(self.config.source.path).resolve()))
+        )
+        from pyspark.sql import functions as F
+
+        stream = stream.withColumn("_processing_time", F.current_timestamp())
+        writer = (
+            stream.writeStream.foreachBatch(self._guarded_batch)
+            .option("checkpointLocation", str(self.spark_checkpoint / "stream"))
+            .queryName(f"cdcflow-{self.config.pipeline.name}")
+        )
+        if trigger.kind == "once":
+            writer = writer.trigger(once=True)
+        elif trigger.kind == "available-now":
+            writer = writer.trigger(availableNow=True)
+        else:
+            assert trigger.interval is not None
+            seconds = trigger.interval.total_seconds()
+            writer = writer.trigger(processingTime=f"{int(seconds * 1000)} milliseconds")
+        query = writer.start()
+        try:
+            if trigger.kind == "processing-time":
+                with _stop_on_signals(self.stop):
+                    while not self._stop.is_set() and query.isActive:
+                        query.awaitTermination(1)
+                    while query.isActive and query.status.get("isTriggerActive"):
+                        time.sleep(0.2)  # let the micro-batch in progress finish
+                    query.stop()
+            else:
+                query.awaitTermination()
+        except Exception:
+            if self._error is not None:
+                raise self._error from None
+            raise
+        if self._error is not None:
+            raise self._error
+
+    def _guarded_batch(self, frame: DataFrame, spark_batch_id: int) -> None:
+        try:
+            self._process(frame, self._base + spark_batch_id)
+        except BaseException as exc:
+            self._error = exc
+            raise
+
+    # ------------------------------------------------------------------ one micro-batch
+    def _txn(self, spec: TableSpec, batch_id: int, app_id: str | None = None) -> bool:
+        return txn_done(self.store.table(spec), app_id or self.app_id, batch_id)
+
+    def _append(self, frame: DataFrame, spec: TableSpec, batch_id: int) -> None:
+        if self._txn(spec, batch_id):
+            return
+        from pyspark.sql import functions as F
+
+        target = self.spark.read.format("delta").load(self.config.table_uri(spec.name)).schema
+        cols = [F.col(f.name).cast(f.dataType).alias(f.name) for f in target.fields]
+        (
+            frame.select(*cols)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", batch_id)
+            .save(self.config.table_uri(spec.name))
+        )
+
+    @contextmanager
+    def _txn_conf(self, app_id: str, batch_id: int) -> Iterator[None]:
+        conf = self.spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", app_id)
+        conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
+        try:
+            yield
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
+
+    def _read(self, spec: TableSpec, version: int | None = None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.config.table_uri(spec.name))
+
+    def _process(self, frame: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.parse import RECORD_DDL, local_path, parse_files
+
+        started = time.perf_counter()
+        # file metadata only (binaryFile prunes the content column): the batch's files
+        meta = frame.select("path", "length", "modificationTime", "_processing_time").collect()
+        if not meta:
+            return
+        processing_time = meta[0]["_processing_time"].replace(tzinfo=UTC)
+        done_elsewhere = self._files_of_earlier_batches(batch_id)
+        files = sorted(
+            (
+                LandingFile(local_path(r["path"]), int(r["length"]), _ns(r["modificationTime"]))
+                for r in meta
+                if local_path(r["path"]) not in done_elsewhere
+            ),
+            key=lambda f: (f.mtime_ns, f.name),
+        )
+        offsets = BatchOffsets(batch_id, processing_time, tuple(files))
+        if not self.checkpoint.is_committed(batch_id):
+            self.checkpoint.write_offsets(offsets)
+        if not files:
+            self.checkpoint.write_commit(batch_id, {"committed_at": _now(), "files": 0})
+            return
+        report = BatchReport(
+            batch_id=batch_id,
+            pipeline=self.config.pipeline.name,
+            kind="stream",
+            started_at=processing_time,
+            files=len(files),
+            delete_mode=self.mode,
+        )
+        stage = partial(_stage, report)
+        wanted = [f.path for f in files]
+
+        with stage("parse"):
+            processing = self.config.processing
+            parser = partial(
+                parse_files,
+                pattern=processing.customer_id_pattern,
+                processing_time=processing_time,
+                max_clock_skew=processing.max_clock_skew,
+            )
+            records = (
+                frame.select("path", "modificationTime", "content")
+                .mapInArrow(parser, RECORD_DDL)
+                .filter(F.col("source_file").isin(wanted))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            # duplicates: the first-arriving copy wins; earlier batches come from Bronze
+            prior = (
+                self._read(BRONZE)
+                .filter(F.col("batch_id") < batch_id)
+                .groupBy("event_id")
+                .agg(F.min("content_hash").alias("_prior_hash"))
+            )
+            arrival = Window.partitionBy("event_id").orderBy(
+                "file_mtime_ms", "file_name", "source_line"
+            )
+            first = (
+                Window.partitionBy("event_id")
+                .orderBy("file_mtime_ms", "file_name", "source_line")
+                .rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+            )
+            candidates = (
+                records.filter("ok")
+                .join(prior, "event_id", "left")
+                .withColumn("_rn", F.row_number().over(arrival))
+                .withColumn("_first_hash", F.first("content_hash").over(first))
+            )
+            known = F.coalesce(F.col("_prior_hash"), F.col("_first_hash"))
+            is_first = F.col("_prior_hash").isNull() & (F.col("_rn") == 1)
+            classified = candidates.withColumn(
+                "_class",
+                F.when(is_first, F.lit("first"))
+                .when(F.col("content_hash") == known, F.lit("duplicate"))
+                .otherwise(F.lit("conflict")),
+            ).persist(StorageLevel.MEMORY_AND_DISK)
+
+            pt = F.lit(processing_time).cast("timestamp")
+            bronze = classified.filter(F.col("_class") != "conflict").select(
+                F.lit(batch_id).alias("batch_id"),
+                pt.alias("ingested_at"),
+                F.lit(processing_time.date()).alias("ingestion_date"),
+                "source_file",
+                "source_line",
+                F.col("raw").alias("raw_payload"),
+                *BRONZE.schema.names[6:-1],
+                (F.col("_class") == "duplicate").alias("is_duplicate"),
+            )
+            rejected = records.filter(~F.col("ok")).select(
+                "source_file",
+                "source_line",
+                "raw",
+                "failure_reason",
+                "failure_detail",
+                "event_id",
+                "customer_id",
+            )
+            conflicts = classified.filter(F.col("_class") == "conflict").select(
+                "source_file",
+                "source_line",
+                "raw",
+                F.lit("DUPLICATE_EVENT_CONFLICT").alias("failure_reason"),
+                F.lit(_CONFLICT_DETAIL).alias("failure_detail"),
+                "event_id",
+                "customer_id",
+            )
+            quarantine = rejected.unionByName(conflicts).select(
+                F.lit(batch_id).alias("batch_id"),
+                pt.alias("quarantined_at"),
+                "source_file",
+                "source_line",
+                F.col("raw").alias("raw_line"),
+                "failure_reason",
+                "failure_detail",
+                "event_id",
+                "customer_id",
+            )
+            counts = classified.agg(
+                F.count("*").alias("candidates"),
+                F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
+                F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
+                *[
+                    F.count(
+                        F.when((F.col("_class") == "first") & (F.col("operation") == op), 1)
+                    ).alias(op)
+                    for op in ("INSERT", "UPDATE", "DELETE")
+                ],
+            ).first()
+            received = records.count()
+            assert counts is not None
+        report.records_received = received
+        report.accepted = counts["candidates"] - counts["conflicts"]
+        report.quarantined = received - report.accepted
+        report.duplicates = counts["duplicates"]
+        report.inserts, report.updates, report.deletes = (
+            counts["INSERT"],
+            counts["UPDATE"],
+            counts["DELETE"],
+        )
+
+        with stage("bronze"):
+            if report.accepted:
+                self._append(bronze, BRONZE, batch_id)
+        crash_point("after_bronze", batch_id)
+        with stage("quarantine"):
+            if report.quarantined:
+                self._append(quarantine, QUARANTINE, batch_id)
+        crash_point("after_quarantine", batch_id)
+
+        with stage("silver"):
+            events = classified.filter(F.col("_class") == "first").select(FOLD_COLUMNS)
+            keys = events.select("customer_id").distinct()
+            silver_before = self.store.table(SILVER).version()
+            tombs_before = self.store.table(TOMBSTONES).version()
+            targets = (
+                self._read(SILVER, silver_before)
+                .join(keys, "customer_id")
+                .select(
+                    "customer_id",
+                    F.col("_cdc_seq").alias("_t_seq"),
+                    F.col("_cdc_min_seq").alias("_t_min_seq"),
+                )
+            )
+            prior_tombs = (
+                self._read(TOMBSTONES, tombs_before)
+                .join(keys, "customer_id")
+                .select("customer_id", "_cdc_seq")
+            )
+            if report.accepted - report.duplicates and not self._txn(SILVER, batch_id):
+                self._merge_silver(events, targets, prior_tombs, batch_id)
+            if self.mode == "hard" and report.deletes:
+                self._merge_tombstones(events, processing_time, batch_id)
+            if self.mode == "hard":
+                self._purge_tombstones(processing_time, batch_id)
+            report.silver_version = self.store.table(SILVER).version()
+        crash_point("after_silver", batch_id)
+
+        with stage("audit"):
+            threshold = self.config.processing.late_event_threshold.total_seconds()
+            firsts = bronze.filter(~F.col("is_duplicate"))
+            batch_max = firsts.groupBy("customer_id").agg(F.max("sequence").alias("_b_max"))
+            outcomes = (
+                bronze.join(batch_max, "customer_id", "left")
+                .join(targets.select("customer_id", "_t_seq"), "customer_id", "left")
+                .join(prior_tombs.withColumnRenamed("_cdc_seq", "_t_tomb"), "customer_id", "left")
+                .select(
+                    "*",
+                    F.when(F.col("is_duplicate"), F.lit("DUPLICATE"))
+                    .when(F.col("sequence") < F.col("_b_max"), F.lit("SUPERSEDED_IN_BATCH"))
+                    .when(
+                        F.col("sequence") < F.coalesce(F.col("_t_tomb"), F.lit("")),
+                        F.lit("TOMBSTONED"),
+                    )
+                    .when(
+                        F.col("sequence") < F.coalesce(F.col("_t_seq"), F.lit("")),
+                        F.lit("STALE"),
+                    )
+                    .otherwise(F.lit("APPLIED"))
+                    .alias("outcome"),
+                    ((F.unix_micros(pt) - F.unix_micros(F.col("event_timestamp"))) / 1e6).alias(
+                        "lag_s"
+                    ),
+                )
+                .withColumn("is_late", F.col("lag_s") > threshold)
+                .select(*EVENT_OUTCOMES.schema.names)
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            summary = outcomes.agg(
+                F.count(F.when(F.col("outcome") == "STALE", 1)).alias("stale"),
+                F.count(F.when(F.col("outcome") == "TOMBSTONED", 1)).alias("tombstoned"),
+                F.count(F.when(F.col("is_late"), 1)).alias("late"),
+                F.max("lag_s").alias("max_lag"),
+            ).first()
+            assert summary is not None
+            report.stale_ignored = summary["stale"]
+            report.tombstoned = summary["tombstoned"]
+            report.late_events = summary["late"]
+            report.max_event_lag_s = summary["max_lag"]
+            if report.accepted:
+                self._append(outcomes, EVENT_OUTCOMES, batch_id)
+            report.duration_ms = int((time.perf_counter() - started) * 1000)
+            if not self._txn(BATCH_LOG, batch_id):
+                import pyarrow as pa
+
+                row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
+                self._append(self.spark.createDataFrame(row.to_pandas()), BATCH_LOG, batch_id)
+        crash_point("after_audit", batch_id)
+        for cached in (records, classified, outcomes):
+            cached.unpersist()
+        crash_point("before_commit", batch_id)
+        self.checkpoint.write_commit(
+            batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
+        )
+        log.info("micro-batch committed", extra={"batch": report.log_fields()})
+        self._on_batch(report)
+
+    def _files_of_earlier_batches(self, batch_id: int) -> set[str]:
+        """Landing files already taken by an earlier batch of the shared checkpoint."""
+        paths: set[str] = set()
+        for earlier in range(self._base):  # batches of the local engine before this stream
+            if earlier < batch_id and (self.checkpoint.offsets_dir / f"{earlier}.json").exists():
+                paths.update(f.path for f in self.checkpoint.offsets(earlier).files)
+        return paths
+
+    def _merge_silver(
+        self, events: DataFrame, targets: DataFrame, prior_tombs: DataFrame, batch_id: int
+    ) -> None:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.fold import batch_tombstones, fold_events
+
+        source = fold_events(events, self.mode, prior_tombs if self.mode == "hard" else None)
+        if self.mode == "hard":
+            # a DELETE between a row's first and last events: refold the key's whole history
+            tombs = batch_tombstones(events).select("customer_id", F.col("_cdc_seq").alias("_tb"))
+            split = (
+                targets.join(tombs, "customer_id")
+                .filter((F.col("_t_min_seq") <= F.col("_tb")) & (F.col("_tb") < F.col("_t_seq")))
+                .select("customer_id")
+            )
+            history = (
+                self._read(BRONZE)
+                .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
+                .join(split, "customer_id", "left_semi")
+                .select(FOLD_COLUMNS)
+            )
+            exact = fold_events(history, "hard", None)
+            source = source.join(split, "customer_id", "left_anti").unionByName(exact)
+            source = source.join(
+                targets.select("customer_id", F.lit(True).alias("_has_target")),
+                "customer_id",
+                "left",
+            ).filter(F.col("_cdc_seq").isNotNull() | F.col("_has_target").isNotNull())
+            source = source.drop("_has_target")
+        spec = silver_merge_spec(SILVER.schema.names)
+        update_set: dict[str, Any] = dict(spec.update_set)
+        insert_values: dict[str, Any] = dict(spec.insert_values)
+        table = DeltaTable.forPath(self.spark, self.config.table_uri(SILVER.name))
+        with self._txn_conf(self.app_id, batch_id):
+            (
+                table.alias("t")
+                .merge(source.alias("s"), spec.on)
+                .whenMatchedDelete(spec.delete_when)
+                .whenMatchedUpdate(spec.update_when, update_set)
+                .whenNotMatchedInsert(spec.insert_when, insert_values)
+                .execute()
+            )
+
+    def _merge_tombstones(
+        self, events: DataFrame, processing_time: datetime, batch_id: int
+    ) -> None:
+        if self._txn(TOMBSTONES, batch_id):
+            return
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.fold import batch_tombstones
+
+        source = batch_tombstones(events).withColumn(
+            "tombstoned_at", F.lit(processing_time).cast("timestamp")
+        )
+        table = DeltaTable.forPath(self.spark, self.config.table_uri(TOMBSTONES.name))
+        with self._txn_conf(self.app_id, batch_id):
+            (
+                table.alias("t")
+                .merge(source.alias("s"), TOMBSTONE_MERGE_ON)
+                .whenMatchedUpdateAll(TOMBSTONE_UPDATE_WHEN)
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+
+    def _purge_tombstones(self, processing_time: datetime, batch_id: int) -> None:
+        """Delete tombstones past ``processing.tombstone_retention`` (own app transaction)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        purge_app = f"{self.app_id}-tombstone-purge"
+        if self._txn(TOMBSTONES, batch_id, purge_app):
+            return
+        cutoff = processing_time - self.config.processing.tombstone_retention
+        expired = F.col("tombstoned_at") < F.lit(cutoff).cast("timestamp")
+        if self._read(TOMBSTONES).filter(expired).limit(1).count() == 0:
+            return
+        table = DeltaTable.forPath(self.spark, self.config.table_uri(TOMBSTONES.name))
+        with self._txn_conf(purge_app, batch_id):
+            table.delete(expired)
+
+
+def _ns(modified: Any) -> int:
+    if isinstance(modified, datetime):
+        stamp = modified if modified.tzinfo else modified.replace(tzinfo=UTC)
+        return int(stamp.timestamp() * 1_000_000) * 1000
+    return int(modified)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@contextmanager
+def _stage(report: BatchReport, name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.stage_seconds[name] = report.stage_seconds.get(name, 0.0) + (
+            time.perf_counter() - started
+        )
+
+
+@contextmanager
+def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
+        stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+__all__ = ["SparkEngine"]

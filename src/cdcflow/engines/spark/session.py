@@ -1,0 +1,82 @@
+"""The SparkSession of the Spark engine: Delta jars from a local folder, small local defaults.
+
+Nothing is downloaded when the session starts: the Delta jars come from ``spark.jars_dir``
+(filled by ``scripts/spark/fetch-jars.sh``), never from ``spark.jars.packages``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cdcflow.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from cdcflow.config import SparkSection
+
+INSTALL_HINT = (
+    "the Spark engine needs the 'spark' extra (uv sync --extra spark) and the Delta jars "
+    "(scripts/spark/fetch-jars.sh)"
+)
+
+#: Defaults for a small local run; ``spark.conf`` entries override them.
+DEFAULT_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+}
+
+
+def delta_jars(jars_dir: str) -> list[str]:
+    """Absolute paths of the jars in ``jars_dir``.
+
+    Raises:
+        MissingDependencyError: the folder has no Delta jar.
+    """
+    folder = Path(jars_dir).resolve()
+    jars = sorted(str(p) for p in folder.glob("*.jar"))
+    if not any(Path(j).name.startswith("delta-spark_") for j in jars):
+        raise MissingDependencyError(f"no Delta jars in {folder}: {INSTALL_HINT}")
+    return jars
+
+
+def get_session(settings: SparkSection) -> SparkSession:
+    """Return the active SparkSession or start one configured for Delta.
+
+    Args:
+        settings: the ``spark`` config section (master, jars folder, extra conf).
+
+    Raises:
+        MissingDependencyError: pyspark/delta-spark or the Delta jars are missing.
+    """
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise MissingDependencyError(INSTALL_HINT) from exc
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.master(settings.master).appName("cdcflow")
+    conf = {
+        **DEFAULT_CONF,
+        "spark.jars": ",".join(delta_jars(settings.jars_dir)),
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        **settings.conf,
+    }
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
