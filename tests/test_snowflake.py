@@ -265,6 +265,9 @@ def test_inline_mode_syncs_after_each_batch(tmp_path: Path, emulator: dict[str, 
     assert log["batch_id"].to_list() == [0, 1]
     assert log["kind"].to_list() == ["full", "incremental"]
     assert all(lag is not None and lag >= 0 for lag in log["lag_s"].to_list())
+    batch_log = lake.table("audit/batch_log").sort("batch_id")
+    lags = batch_log["snowflake_sync_lag_s"].to_list()
+    assert len(lags) == 2 and all(lag is not None and lag >= 0 for lag in lags)
 
 
 def test_read_state_is_shaped_like_silver(sf_lake: Lake) -> None:

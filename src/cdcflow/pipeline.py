@@ -120,10 +120,6 @@ class Pipeline:
         )
         if self.source is not None:
             self.source.acknowledge(offsets)  # only now may the source forget these changes
-        if self.config.snowflake.mode == "inline":
-            from cdcflow.sinks.snowflake.inline import sync_after_batch
-
-            sync_after_batch(self.config, report)
         return report
 
     def run(

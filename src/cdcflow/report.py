@@ -29,6 +29,8 @@ class BatchReport:
         max_event_lag_s: largest ingestion time − event_timestamp, in seconds (None if empty).
         silver_version: Delta version of Silver after the batch.
         delete_mode: ``soft`` or ``hard``.
+        snowflake_sync_lag_s: inline Snowflake sync: seconds from the Silver commit to the
+            Snowflake commit of this batch's changes (None when not synced inline).
         stage_seconds: seconds spent per stage (not stored in the table).
     """
 
@@ -51,6 +53,7 @@ class BatchReport:
     max_event_lag_s: float | None = None
     silver_version: int | None = None
     delete_mode: str = "soft"
+    snowflake_sync_lag_s: float | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:

@@ -157,6 +157,16 @@ def step_gold(ctx: DemoContext) -> tuple[bool, str]:
     return all(rows.values()), ", ".join(f"{name}: {n} rows" for name, n in rows.items())
 
 
+def step_snowflake(ctx: DemoContext) -> tuple[bool, str]:
+    """Sync Silver and Gold to Snowflake (the fakesnow emulator without credentials), reconcile."""
+    from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
+    from cdcflow.sinks.snowflake.sync import sync_snowflake
+
+    sync_snowflake(ctx.config)
+    report = reconcile_snowflake(ctx.config)
+    return report.equal, report.summary()
+
+
 #: The demo's steps, in order (extend by appending ``(name, function)``).
 STEPS: list[tuple[str, StepFn]] = [
     ("generate", step_generate),
@@ -164,6 +174,7 @@ STEPS: list[tuple[str, StepFn]] = [
     ("gold", step_gold),
     ("reconcile", step_reconcile),
     ("replay --verify", step_replay),
+    ("snowflake", step_snowflake),
 ]
 
 

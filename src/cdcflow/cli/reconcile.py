@@ -180,6 +180,11 @@ def reconcile(
     """Compare Silver with an expected state or a source snapshot; exit 1 on any mismatch."""
     if output not in ("text", "json"):
         raise CdcflowError(f"--output: expected text or json, got {output!r}")
+    if target == "snowflake" and expected is None and source_snapshot is None:
+        # Silver (and Gold) vs DIM_CUSTOMER_CURRENT (and the AGG_ tables)
+        from cdcflow.cli.sync import verify_snowflake
+
+        raise typer.Exit(verify_snowflake(config))
     report = run_reconcile(load(config), expected, source_snapshot, target)
     if output == "json":
         typer.echo(json.dumps(report.to_json(), indent=1, default=str))

@@ -152,6 +152,7 @@ BATCH_LOG = TableSpec(
             pa.field("max_event_lag_s", pa.float64()),
             pa.field("silver_version", pa.int64()),
             pa.field("delete_mode", pa.string(), nullable=False),
+            pa.field("snowflake_sync_lag_s", pa.float64()),
         ]
     ),
 )

@@ -424,6 +424,13 @@ class LocalEngine:
         with _stage(report, "gold"):
             after_batch(self.config, self.app_id, batch_id)
 
+        if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
+            from cdcflow.sinks.snowflake.inline import sync_after_batch
+
+            synced = sync_after_batch(self.config, report)
+            if synced is not None:
+                report.snowflake_sync_lag_s = synced.dim.lag_s
+
         with _stage(report, "audit"):
             outcomes = self._outcomes(offsets, records, deliveries, targets, prior_tombs, report)
             append_once(

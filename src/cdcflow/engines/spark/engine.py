@@ -71,6 +71,8 @@ FOLD_COLUMNS = [
     "lsn",
     "sequence",
 ]
+#: Schema of Spark's ``binaryFile`` source (one row per landing file).
+BINARY_FILE_DDL = "path string, modificationTime timestamp, length bigint, content binary"
 _CONFLICT_DETAIL = "event_id already received with different content"
 
 
@@ -142,6 +144,7 @@ class SparkEngine:
         Path(self.config.source.path).mkdir(parents=True, exist_ok=True)
         stream = (
             self.spark.readStream.format("binaryFile")
+            .schema(BINARY_FILE_DDL)
             .option("pathGlobFilter", "*.{jsonl,jsonl.gz}")
             .option("maxFilesPerTrigger", self.config.source.max_files_per_trigger)
             .load(str(Path(self.config.source.path).resolve()))
