@@ -4,11 +4,15 @@ SHELL := /bin/bash
 UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 export PATH := $(HOME)/.local/bin:$(PATH)
 
-.PHONY: bootstrap demo test lint typecheck unit clean
+.PHONY: bootstrap spark-jars demo test lint typecheck unit clean
 
 bootstrap:
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
 	@uv sync --frozen --all-extras --quiet
+
+# Delta Lake jars for the Spark engine, fetched with Maven into ./.spark-jars (idempotent)
+spark-jars: bootstrap
+	bash scripts/spark/fetch-jars.sh
 
 demo: bootstrap
 	uv run cdcflow demo
@@ -20,7 +24,7 @@ lint: bootstrap
 typecheck: bootstrap
 	uv run mypy src
 
-unit: bootstrap
+unit: bootstrap spark-jars
 	uv run pytest -q
 
 test: lint typecheck unit

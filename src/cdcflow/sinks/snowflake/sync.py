@@ -146,7 +146,9 @@ def _state_version(cur: Any, target: str, source: str) -> int | None:
     """The target's synchronized Delta version (None: never), creating its state row if missing.
 
     The row is created outside the sync transaction so that the transaction only UPDATEs it
-    (fakesnow: a second MERGE inside a transaction commits it).
+    (fakesnow: a second MERGE inside a transaction commits it). A state row recorded for
+    another source identity (``source``: the Delta table's name and id — e.g. a lakehouse rebuilt
+    from scratch, whose versions start again at 0) counts as never synchronized.
     """
     _execute(
         cur,
@@ -156,9 +158,19 @@ def _state_version(cur: Any, target: str, source: str) -> int | None:
         (target, source, NEVER_SYNCED, datetime.now(UTC), target),
     )
     row = _execute(
-        cur, f"SELECT DELTA_VERSION FROM {STATE_TABLE} WHERE TARGET_TABLE = %s", (target,)
+        cur,
+        f"SELECT DELTA_VERSION, SOURCE_TABLE FROM {STATE_TABLE} WHERE TARGET_TABLE = %s",
+        (target,),
     ).fetchone()
     version = int(row[0])
+    if row[1] != source:  # another source table: start over with a full refresh
+        _execute(
+            cur,
+            f"UPDATE {STATE_TABLE} SET DELTA_VERSION = %s, SOURCE_TABLE = %s "
+            "WHERE TARGET_TABLE = %s",
+            (NEVER_SYNCED, source, target),
+        )
+        return None
     return None if version == NEVER_SYNCED else version
 
 
@@ -170,12 +182,13 @@ def _advance_state(cur: Any, report: TableSyncReport, sync_id: str) -> None:
     """
     _execute(
         cur,
-        f"UPDATE {STATE_TABLE} SET DELTA_VERSION = %s, SYNCED_AT = %s, SYNC_ID = %s "
-        "WHERE TARGET_TABLE = %s AND DELTA_VERSION = %s",
+        f"UPDATE {STATE_TABLE} SET DELTA_VERSION = %s, SYNCED_AT = %s, SYNC_ID = %s, "
+        "SOURCE_TABLE = %s WHERE TARGET_TABLE = %s AND DELTA_VERSION = %s",
         (
             report.to_version,
             datetime.now(UTC),
             sync_id,
+            report.source,
             report.target,
             NEVER_SYNCED if report.from_version is None else report.from_version,
         ),
@@ -331,12 +344,13 @@ def sync_dim(
     with connect(config) as conn:
         cur = conn.cursor()
         ensure_tables(config, cur)
-        synced = _state_version(cur, DIM_TABLE, SILVER_TABLE)
+        source = f"{SILVER_TABLE}#{silver.metadata().id}"  # a rebuilt lakehouse is another source
+        synced = _state_version(cur, DIM_TABLE, source)
         kind: SyncKind = "incremental"
         if full or synced is None or synced > current:
             kind = "full"
         elif synced == current:
-            return TableSyncReport(DIM_TABLE, SILVER_TABLE, "noop", synced, current)
+            return TableSyncReport(DIM_TABLE, source, "noop", synced, current)
         changes: pl.DataFrame | None = None
         if kind == "incremental":
             assert synced is not None
@@ -350,7 +364,7 @@ def sync_dim(
                 kind = "full"
         if changes is None:
             changes = read_snapshot(silver, current)
-        report = TableSyncReport(DIM_TABLE, SILVER_TABLE, kind, synced, current)
+        report = TableSyncReport(DIM_TABLE, source, kind, synced, current)
         report.source_committed_at = _commit_time(silver, current)
         sync_id = uuid.uuid4().hex
         report.staged = _load_stage(cur, sync_id, changes, config.snowflake.load_chunk_rows)
@@ -429,10 +443,11 @@ def sync_gold_table(
             cur,
             f"CREATE TABLE IF NOT EXISTS {target_table} ({', '.join(f'{c} {t}' for c, t in cols)})",
         )
-        synced = _state_version(cur, target_table, name)
+        source = f"{name}#{gold.metadata().id}"
+        synced = _state_version(cur, target_table, source)
     if synced == version and not full:
-        return TableSyncReport(target_table, name, "noop", synced, version)
-    report = TableSyncReport(target_table, name, "full", synced, version)
+        return TableSyncReport(target_table, source, "noop", synced, version)
+    report = TableSyncReport(target_table, source, "full", synced, version)
     report.source_committed_at = _commit_time(gold, version)
     rows = [tuple(r.values()) for r in data.to_pylist()]
     insert = (

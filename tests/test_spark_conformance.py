@@ -1,0 +1,201 @@
+"""Spark engine conformance: the same workloads through both engines give the same tables.
+
+One SparkSession (session-scoped) is shared by every test. Compared: Silver's public columns,
+quarantine (file name, line, reason) and outcomes (event_id → outcomes in arrival order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import Lake, ev, full
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed")
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from cdcflow.config import SparkSection
+    from cdcflow.engines.spark.session import get_session
+
+    session = get_session(SparkSection())
+    yield session
+    session.stop()
+
+
+def spark_lake(root: Path, mode: str = "soft") -> Lake:
+    lake = Lake(root, mode=mode)
+    lake.config.pipeline.engine = "spark"
+    return lake
+
+
+def quarantine(lake: Lake) -> list[tuple[str, int, str]]:
+    rows = lake.table("quarantine/customer_events").to_dicts()
+    return sorted(
+        (Path(r["source_file"]).name, r["source_line"], r["failure_reason"]) for r in rows
+    )
+
+
+def same_tables(local: Lake, other: Lake) -> None:
+    assert other.silver() == local.silver()
+    assert quarantine(other) == quarantine(local)
+    assert other.outcomes() == local.outcomes()
+
+
+def workload(mode: str) -> list[list[list[Any]]]:
+    """Runs of landing files of records: the core scenarios, interleaved over customers."""
+    first = [
+        [
+            ev("E1", "C-1", "INSERT", "0/10", minutes_ago=60, **full()),
+            ev("E2", "C-1", "UPDATE", "0/20", minutes_ago=30, email="new@x.com", city="Mumbai"),
+            ev("E10", "C-2", "INSERT", 100, minutes_ago=40, **full(city="Rennes")),
+            ev("E11", "C-2", "UPDATE", 200, minutes_ago=30, city="Nantes"),
+            ev("E12", "C-2", "DELETE", 300, minutes_ago=10),
+            "{not json",
+            "",
+            ev("E20", "C-3", "INVALID_OP", "0/10", **full()),
+            ev("E21", "C-4", " u ", "0/11", city="Lyon"),
+            {**ev("E22", "C-5", "INSERT", "0/10", **full()), "customer_id": None},
+        ],
+        [
+            ev("E1", "C-1", "INSERT", "0/10", minutes_ago=60, **full()),  # duplicate
+            ev("E30", "C-6", "INSERT", "0/10", minutes_ago=24 * 60 + 5, **full()),  # late
+            ev("E40", "C-7", "INSERT", "0/40", minutes_ago=20, **full()),
+            ev("E41", "C-7", "DELETE", "0/50", minutes_ago=10),
+        ],
+    ]
+    second = [
+        [
+            ev("E1", "C-1", "INSERT", "0/10", minutes_ago=60, **full(city="Elsewhere")),  # conflict
+            ev("E3", "C-1", "UPDATE", "0/15", minutes_ago=45, city="Lyon", phone="+1-555"),  # stale
+            ev("E13", "C-2", "UPDATE", 250, minutes_ago=20, city="Lyon"),  # late, under the DELETE
+            ev("E42", "C-7", "UPDATE", "0/45", minutes_ago=15, city="Oslo"),  # below tombstone
+            ev("E43", "C-7", "INSERT", "0/60", minutes_ago=5, status="ACTIVE", city="Bergen"),
+            ev("E44", "C-8", "DELETE", "0/70", minutes_ago=5),  # DELETE of an unknown key
+        ]
+    ]
+    return [first, second]
+
+
+def run_workload(lake: Lake, runs: list[list[list[Any]]]) -> None:
+    for files in runs:
+        for records in files:
+            lake.write(records)
+        lake.run()
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_scenarios_match_local_engine(spark: Any, tmp_path: Path, mode: str) -> None:
+    local = Lake(tmp_path / "local", mode=mode)
+    other = spark_lake(tmp_path / "spark", mode=mode)
+    run_workload(local, workload(mode))
+    run_workload(other, workload(mode))
+    same_tables(local, other)
+    assert other.silver() == other.expected().rows
+    log = other.table("audit/batch_log").sort("batch_id")
+    assert log["batch_id"].to_list() == [0, 1]
+    assert (
+        log["quarantined"].to_list()
+        == local.table("audit/batch_log").sort("batch_id")["quarantined"].to_list()
+    )
+    if mode == "hard":
+        tombs = other.table("silver/customer_tombstones").sort("customer_id")
+        expected = local.table("silver/customer_tombstones").sort("customer_id")
+        assert (
+            tombs.select("customer_id", "_cdc_seq").to_dicts()
+            == expected.select("customer_id", "_cdc_seq").to_dicts()
+        )
+    for name in ("bronze/customer_events", "audit/event_outcomes", "silver/customers"):
+        assert other.table(name).schema == local.table(name).schema
+
+
+def test_interop_local_then_spark_then_local(spark: Any, tmp_path: Path) -> None:
+    runs = workload("soft")
+    reference = Lake(tmp_path / "reference")
+    run_workload(
+        reference, [*runs, [[ev("E50", "C-1", "UPDATE", "0/90", minutes_ago=1, city="X")]]]
+    )
+
+    mixed = Lake(tmp_path / "mixed")
+    run_workload(mixed, runs[:1])  # local engine starts the tables
+    mixed.config.pipeline.engine = "spark"
+    run_workload(mixed, runs[1:])  # Spark continues them
+    mixed.config.pipeline.engine = "local"
+    run_workload(mixed, [[[ev("E50", "C-1", "UPDATE", "0/90", minutes_ago=1, city="X")]]])
+    same_tables(reference, mixed)
+    assert mixed.table("audit/batch_log").sort("batch_id")["batch_id"].to_list() == [0, 1, 2]
+    assert (
+        mixed.table("bronze/customer_events").height
+        == reference.table("bronze/customer_events").height
+    )
+
+
+def test_restart_from_spark_checkpoint_after_bronze_write(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cdcflow.engines.spark.engine as spark_engine
+
+    def crash(point: str, batch_id: int) -> None:
+        if point == "after_bronze":
+            raise RuntimeError("simulated crash after the Bronze write")
+
+    runs = workload("soft")[:1]
+    local = Lake(tmp_path / "local")
+    run_workload(local, runs)
+    other = spark_lake(tmp_path / "spark")
+    monkeypatch.setattr(spark_engine, "crash_point", crash)
+    with pytest.raises(Exception, match="simulated crash"):
+        run_workload(other, runs)
+    assert (
+        other.table("bronze/customer_events").height == local.table("bronze/customer_events").height
+    )
+    assert other.table("audit/batch_log").height == 0
+    monkeypatch.undo()
+    other.run()  # the Spark checkpoint re-runs the uncommitted micro-batch
+    same_tables(local, other)
+    assert (
+        other.table("bronze/customer_events").height == local.table("bronze/customer_events").height
+    )
+    assert other.table("audit/batch_log")["batch_id"].to_list() == [0]
+
+
+_ops = st.sampled_from(["INSERT", "UPDATE", "DELETE"])
+_events = st.lists(
+    st.tuples(
+        st.sampled_from(["C-1", "C-2", "C-3"]),
+        _ops,
+        st.integers(1, 40),
+        st.sampled_from([None, "Lyon", "Oslo"]),
+        st.sampled_from(["ACTIVE", "INACTIVE"]),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(events=_events, mode=st.sampled_from(["soft", "hard"]))
+def test_property_spark_silver_equals_reference_fold(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory, events: list[Any], mode: str
+) -> None:
+    lake = spark_lake(tmp_path_factory.mktemp("prop"), mode=mode)
+    records = []
+    for i, (cid, op, lsn, city, status) in enumerate(events):
+        attrs = {"status": status, "city": city} if op == "INSERT" else {"city": city}
+        records.append(ev(f"P{i}", cid, op, lsn * 10 + i % 3, minutes_ago=60 - i, **attrs))
+    half = len(records) // 2
+    lake.write(records[:half] or records)
+    lake.write(records[half:] if half else [])
+    lake.run("once")
+    assert lake.silver() == lake.expected().rows
