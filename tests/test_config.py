@@ -71,3 +71,15 @@ def test_errors_name_key_and_file(tmp_path: Path, text: str, fragment: str) -> N
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_env_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text("processing: {delete_mode: soft}\n")
+    monkeypatch.setenv("CDCFLOW__PROCESSING__DELET_MODE", "hard")
+    with pytest.raises(ConfigError, match="CDCFLOW__PROCESSING__DELET_MODE"):
+        load_config(file)
+    monkeypatch.delenv("CDCFLOW__PROCESSING__DELET_MODE")
+    monkeypatch.setenv("CDCFLOW__FOO__BAR", "1")
+    with pytest.raises(ConfigError, match="CDCFLOW__FOO__BAR"):
+        load_config(file)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
-import random
 from datetime import UTC, datetime
 from pathlib import Path
 

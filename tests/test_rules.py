@@ -183,3 +183,41 @@ def test_json_number_lsn_above_64_bits_is_valid() -> None:
     result = validate_record(record, RULES)
     assert isinstance(result, CdcEvent) and result.lsn_number == 2**70
     assert reason('{"customer_id": NaN}') == "MALFORMED_JSON"
+
+
+def test_records_that_would_crash_a_parser_are_quarantined() -> None:
+    base = json.dumps(good())[:-1]
+    assert reason(base + ', "city": "\\ud800"}') == "MALFORMED_JSON"  # lone surrogate
+    assert reason(base + ', "x": ' + "[" * 3000 + "]" * 3000 + "}") == "MALFORMED_JSON"
+    assert reason(good(metadata={"lsn": "1" * 5000})) == "INVALID_LSN"
+    assert reason(base + ', "phone": 1e999}') is None  # a valid JSON number, kept as text
+
+
+def test_numbers_keep_their_json_text() -> None:
+    raw = json.dumps(good())[:-1] + ', "phone": 1e2, "city": 12.50, "country": 34555024900}'
+    result = validate_record(raw, RULES)
+    assert isinstance(result, CdcEvent)
+    assert (result.values["phone"], result.values["city"], result.values["country"]) == (
+        "1e2",
+        "12.50",
+        "34555024900",
+    )
+    assert type(result.values["phone"]) is str
+
+
+def test_sub_microsecond_timestamps_order_the_sequence() -> None:
+    def event(eid: str, ts: str) -> CdcEvent:
+        result = validate_record(json.dumps(good(event_id=eid, event_timestamp=ts)), RULES)
+        assert isinstance(result, CdcEvent)
+        return result
+
+    earlier = event("Z9", "2026-01-01T10:00:00.0000001Z")
+    later = event("A1", "2026-01-01T10:00:00.0000009Z")
+    assert earlier.event_timestamp == later.event_timestamp  # stored at microseconds
+    assert earlier.sequence < later.sequence  # ordered at nanoseconds, not by event_id
+
+
+def test_delete_attribute_values_are_ignored_whatever_their_shape() -> None:
+    result = validate_record(json.dumps(good(operation="D", city={"a": 1}, status=[1])), RULES)
+    assert isinstance(result, CdcEvent) and result.values == {}
+    assert reason(good(operation="D", event_id={"a": 1})) == "SCHEMA_MISMATCH"

@@ -308,14 +308,35 @@ def load_config(path: str | Path) -> CdcflowConfig:
         raise ConfigError(f"{file}: the top level must be a mapping of sections")
     raw = _interpolate(raw, file)
     _resolve_relative(raw, Path.cwd())
+    overrides = _env_overrides()
     try:
         return CdcflowConfig(**raw)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            problems.append(f"key '{key}': {msg}")
+            loc = tuple(str(p).lower() for p in err["loc"])
+            key = ".".join(loc)
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            origin = next(
+                (name for path, name in overrides.items() if loc[: len(path)] == path), None
+            )
+            where = f"environment variable {origin}: " if origin else ""
+            problems.append(f"{where}key '{key}': {msg}")
         raise ConfigError(f"{file}: " + "; ".join(problems)) from None
+
+
+def _env_overrides() -> dict[tuple[str, ...], str]:
+    """``CDCFLOW__SECTION__KEY`` variables by config path; unknown sections are errors.
+
+    Raises:
+        ConfigError: a variable names a section the configuration does not have.
+    """
+    found: dict[tuple[str, ...], str] = {}
+    for name in os.environ:
+        if not name.upper().startswith("CDCFLOW__"):
+            continue
+        path = tuple(part.lower() for part in name.split("__")[1:] if part)
+        if not path or path[0] not in CdcflowConfig.model_fields:
+            raise ConfigError(f"environment variable {name}: unknown config section")
+        found[path] = name
+    return found

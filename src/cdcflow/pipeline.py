@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import FrameType
 
 from cdcflow.config import CdcflowConfig, parse_duration
@@ -92,6 +93,8 @@ class Pipeline:
             return pending
         if self.source is not None:
             self.source.stage(self.checkpoint)  # e.g. PostgreSQL slot changes -> landing file
+        if self.source is None and not Path(self.config.source.path).is_dir():
+            log.warning("landing folder does not exist", extra={"path": self.config.source.path})
         done = self.checkpoint.processed_paths()
         new = [f for f in list_landing(self.config.source.path) if f.path not in done]
         if not new:

@@ -73,7 +73,9 @@ def run(
         if reports:
             console.print(batch_table(reports))
         else:
-            console.print("no new landing files")
+            folder = Path(pipeline.config.source.path)
+            missing = "" if folder.is_dir() else " (the folder does not exist)"
+            console.print(f"no new landing files in {folder}{missing}")
 
 
 from cdcflow.cli.asof import as_of  # noqa: E402

@@ -4,10 +4,11 @@ The **sequence** of an event is the tuple (numeric LSN, event_timestamp as a UTC
 event_id), compared in that order. It is encoded as one string whose plain (byte / code point)
 order equals the tuple order, so every engine can compare sequences with ``<`` on strings::
 
-    <LSN as 32 hex digits> "." <UTC timestamp as YYYYMMDDHHMMSSffffff> "." <event_id>
+    <LSN as 32 hex digits> "." <UTC timestamp as YYYYMMDDHHMMSSfffffffff> "." <event_id>
 
 The two first fields have fixed width, so comparing the strings compares LSN, then time, then
-event_id in plain string order. Timestamps keep microsecond precision (Delta's precision).
+event_id in plain string order. The sequence orders timestamps to the nanosecond (digits beyond
+the ninth are ignored); the stored timestamp columns keep microseconds (Delta's precision).
 """
 
 from __future__ import annotations
@@ -49,12 +50,21 @@ ATTRIBUTE_BIT = {name: 1 << i for i, name in enumerate(ATTRIBUTES)}
 PII_ATTRIBUTES = ("customer_name", "email", "phone")
 
 
-def sequence_of(lsn_number: int, event_timestamp: datetime, event_id: str) -> str:
-    """Encode (LSN, timestamp, event_id) as an order-preserving string (see module doc)."""
+def sequence_of(
+    lsn_number: int, event_timestamp: datetime, event_id: str, nanoseconds: int = 0
+) -> str:
+    """Encode (LSN, timestamp, event_id) as an order-preserving string (see module doc).
+
+    Args:
+        lsn_number: numeric LSN (below 2**128).
+        event_timestamp: aware timestamp (microsecond precision).
+        event_id: the event id.
+        nanoseconds: sub-microsecond part of the timestamp (0..999), from the source text.
+    """
     ts = event_timestamp if event_timestamp.tzinfo is UTC else event_timestamp.astimezone(UTC)
     return (
         f"{lsn_number:032x}.{ts.year:04d}{ts.month:02d}{ts.day:02d}{ts.hour:02d}"
-        f"{ts.minute:02d}{ts.second:02d}{ts.microsecond:06d}.{event_id}"
+        f"{ts.minute:02d}{ts.second:02d}{ts.microsecond:06d}{nanoseconds:03d}.{event_id}"
     )
 
 
@@ -74,6 +84,7 @@ class CdcEvent:
         tx_id: source transaction id or None.
         source_table: source table name or None.
         content_hash: SHA-256 of the canonical JSON of the whole record (duplicate detection).
+        timestamp_nanos: sub-microsecond nanoseconds (0..999) of event_timestamp's source text.
         sequence: derived: the event's total-order sequence string (see module doc).
         present_mask: derived: bit mask of the attributes present (``ATTRIBUTE_BIT``).
     """
@@ -88,6 +99,7 @@ class CdcEvent:
     tx_id: str | None
     source_table: str | None
     content_hash: str
+    timestamp_nanos: int = 0
 
     sequence: str = field(init=False, compare=False)
     present_mask: int = field(init=False, compare=False)
@@ -95,7 +107,9 @@ class CdcEvent:
     def __post_init__(self) -> None:
         # derived once: the sequence string and the present-attributes bit mask
         object.__setattr__(
-            self, "sequence", sequence_of(self.lsn_number, self.event_timestamp, self.event_id)
+            self,
+            "sequence",
+            sequence_of(self.lsn_number, self.event_timestamp, self.event_id, self.timestamp_nanos),
         )
         mask = 0
         for name in self.values:

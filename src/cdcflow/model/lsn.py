@@ -51,6 +51,8 @@ def parse_lsn(value: object) -> int:
         elif m := _MSSQL.match(text):
             number = (int(m.group(1), 16) << 48) | (int(m.group(2), 16) << 16) | int(m.group(3), 16)
         elif _DECIMAL.match(text):
+            if len(text.lstrip("0")) > len(str(MAX_LSN)):
+                raise LsnError("LSN out of range (0 .. 2**128-1)")
             number = int(text)
         else:
             raise LsnError(f"unsupported LSN notation: {text[:60]!r}")

@@ -10,7 +10,6 @@ buckets' results equals a single fold over all events.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -19,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
-from cdcflow.plan.rules import Rejection, RuleSet, validate_object
+from cdcflow.plan.rules import Rejection, RuleSet, parse_record, validate_object
 
 #: Default number of Bronze rows per replay bucket (bounds the memory of one fold).
 DEFAULT_BUCKET_ROWS = 250_000
@@ -98,13 +97,9 @@ def revalidate(
         rule = rules.get(ingested_at)
         if rule is None:
             rule = rules[ingested_at] = RuleSet(pattern, ingested_at, max_clock_skew)
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            out.rejected["MALFORMED_JSON"] += 1
-            continue
-        if not isinstance(record, dict):
-            out.rejected["MALFORMED_JSON"] += 1
+        record = parse_record(raw)  # the same parsing as the stream
+        if isinstance(record, Rejection):
+            out.rejected[record.reason] += 1
             continue
         event = validate_object(record, rule)
         if isinstance(event, Rejection):

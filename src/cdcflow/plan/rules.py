@@ -19,8 +19,9 @@ A record that fails a check is quarantined with the FIRST failing reason, in thi
 11. ``INVALID_STATUS`` — an INSERT without a valid status, or an INSERT/UPDATE whose status is
     present but not ACTIVE, INACTIVE, SUSPENDED or DELETED (trimmed, case-insensitive). An
     UPDATE may omit status; a DELETE's status is ignored.
-12. ``SCHEMA_MISMATCH`` — an attribute (or event_id, metadata.source_table, metadata.tx_id) is a
-    JSON object or array. Numbers and booleans are kept as their JSON text.
+12. ``SCHEMA_MISMATCH`` — an attribute of an INSERT/UPDATE (or event_id, metadata.source_table,
+    metadata.tx_id) is a JSON object or array. Numbers and booleans are kept as their JSON text.
+    A DELETE's attribute values are ignored, whatever their shape.
 13. ``DUPLICATE_EVENT_CONFLICT`` — decided later, by :mod:`cdcflow.plan.dedup`.
 """
 
@@ -96,8 +97,10 @@ def _blank(value: Any) -> bool:
 
 def _json_text(value: Any) -> str | None:
     """Scalar JSON value → stored text (strings as-is, numbers/booleans as JSON text)."""
-    if value is None or isinstance(value, str):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return str(value)  # a JsonNumber becomes its plain JSON text
     return json.dumps(value)
 
 
@@ -134,6 +137,19 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_FRACTION = re.compile(r"\d{2}:\d{2}:\d{2}[.,](\d+)")
+
+
+def sub_microsecond_nanos(value: Any) -> int:
+    """Nanoseconds below the microsecond in an ISO-8601 text (digits 7-9 of the fraction)."""
+    if not isinstance(value, str):
+        return 0
+    match = _FRACTION.search(value)
+    if not match or len(match.group(1)) <= 6:
+        return 0
+    return int(match.group(1)[6:9].ljust(3, "0"))
+
+
 def content_hash(record: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of a record (key order and whitespace do not matter)."""
     try:
@@ -145,15 +161,18 @@ def content_hash(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
-def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
-    """Validate one raw record (one non-blank line) against the ``flat`` contract.
+class JsonNumber(str):
+    """A JSON number with a fraction or exponent, kept as its exact JSON text (``1e2``)."""
 
-    Args:
-        raw: the line, as bytes (checked for UTF-8) or text.
-        rules: the batch's rule parameters.
+    __slots__ = ()
 
-    Returns:
-        The normalised :class:`CdcEvent`, or a :class:`Rejection` with the first failing reason.
+
+def parse_record(raw: bytes | str) -> dict[str, Any] | Rejection:
+    """Parse one raw record into a JSON object, or reject it as ``MALFORMED_JSON``.
+
+    Integers are exact (any size); numbers with a fraction or exponent are kept as their JSON
+    text (:class:`JsonNumber`), so attributes store "their JSON text". Invalid UTF-8, lone
+    surrogate escapes, ``NaN``/``Infinity`` literals and non-object JSON are rejected.
     """
     if isinstance(raw, bytes):
         try:
@@ -164,20 +183,45 @@ def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
         text = raw
     try:
         record = orjson.loads(text)
+        exact = not (isinstance(record, dict) and _has_float(record))
     except orjson.JSONDecodeError:
-        try:  # orjson refuses integers above 64 bits, which are valid JSON (e.g. large LSNs)
-            record = json.loads(text, parse_constant=_reject_constant)
-        except ValueError as exc:
-            return Rejection("MALFORMED_JSON", f"not valid JSON: {str(exc)[:120]}")
+        exact = False  # orjson refuses some valid JSON (integers above 64 bits): the stdlib decides
+    if not exact:
+        try:
+            record = json.loads(text, parse_constant=_reject_constant, parse_float=JsonNumber)
+            json.dumps(record, ensure_ascii=False).encode("utf-8")  # lone surrogates
+        except (ValueError, RecursionError) as exc:
+            detail = str(exc)[:120] if isinstance(exc, ValueError) else "nested too deeply"
+            return Rejection("MALFORMED_JSON", f"not valid JSON: {detail}")
     if not isinstance(record, dict):
         return Rejection("MALFORMED_JSON", f"JSON {type(record).__name__} is not an object")
-    if _has_float(record):
-        # orjson turns integers above 64 bits into floats: re-read exactly with the stdlib
-        record = json.loads(text)
-    return validate_object(record, rules)
+    return record
+
+
+def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
+    """Validate one raw record (one non-blank line) against the ``flat`` contract.
+
+    Never raises: a record that cannot be processed at all is a ``MALFORMED_JSON`` rejection,
+    so one bad line never stops the stream.
+
+    Args:
+        raw: the line, as bytes (checked for UTF-8) or text.
+        rules: the batch's rule parameters.
+
+    Returns:
+        The normalised :class:`CdcEvent`, or a :class:`Rejection` with the first failing reason.
+    """
+    try:
+        record = parse_record(raw)
+        if isinstance(record, Rejection):
+            return record
+        return validate_object(record, rules)
+    except Exception as exc:  # defensive: a record is data, never a stream-stopping error
+        return Rejection("MALFORMED_JSON", f"unprocessable record ({type(exc).__name__})")
 
 
 def _has_float(record: dict[str, Any]) -> bool:
+    """True when orjson produced a float (a fraction/exponent, or an integer above 64 bits)."""
     metadata = record.get("metadata")
     values = list(record.values()) + (list(metadata.values()) if isinstance(metadata, dict) else [])
     return any(isinstance(v, float) for v in values)
@@ -245,18 +289,13 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
         elif operation is Operation.INSERT:
             return reject("INVALID_STATUS", "an INSERT must carry a status")
 
-    structured = [
-        name
-        for name in ("customer_name", "email", "phone", "city", "country", "status", "event_id")
-        if isinstance(record.get(name), dict | list)
-    ]
+    checked = ("event_id",) if operation is Operation.DELETE else (*ATTRIBUTES, "event_id")
+    structured = [name for name in checked if isinstance(record.get(name), dict | list)]
     structured += [
         f"metadata.{name}"
         for name in ("source_table", "tx_id")
         if isinstance(metadata, dict) and isinstance(metadata.get(name), dict | list)
     ]
-    if operation is Operation.DELETE and "status" in structured:
-        structured.remove("status")  # a DELETE's status is ignored
     if structured:
         return reject(
             "SCHEMA_MISMATCH", f"object or array where a scalar is expected: {structured}"
@@ -284,4 +323,5 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
         if isinstance(metadata, dict)
         else None,
         content_hash=content_hash(record),
+        timestamp_nanos=sub_microsecond_nanos(raw_ts),
     )
