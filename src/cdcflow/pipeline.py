@@ -14,21 +14,19 @@ offsets.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import FrameType
 
 from cdcflow.config import CdcflowConfig, parse_duration
 from cdcflow.engines import Engine, StreamingEngine, get_engine
 from cdcflow.errors import ConfigError
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
+from cdcflow.signals import stop_on_signals
 from cdcflow.sources.files import list_landing
 from cdcflow.sources.postgres import make_source
 from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
@@ -154,7 +152,7 @@ class Pipeline:
         with self.checkpoint.lock():
             if trigger.kind == "processing-time":
                 assert trigger.interval is not None
-                with _stop_on_signals(self.stop):
+                with stop_on_signals(self.stop):
                     interval = trigger.interval.total_seconds()
                     while not self._stop.is_set():
                         started = time.monotonic()  # intervals run start to start
@@ -176,17 +174,3 @@ class Pipeline:
                 if trigger.kind == "once":
                     break
         return reports
-
-
-@contextmanager
-def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
-        stop()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

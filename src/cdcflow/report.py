@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -55,6 +58,16 @@ class BatchReport:
     delete_mode: str = "soft"
     snowflake_sync_lag_s: float | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` block to ``stage_seconds[name]`` (seconds)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + elapsed
 
     def row(self) -> dict[str, Any]:
         """The ``audit/batch_log`` row (everything but ``stage_seconds``)."""

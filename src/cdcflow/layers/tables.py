@@ -199,3 +199,15 @@ ALL_TABLES = (BRONZE, QUARANTINE, SILVER, TOMBSTONES, BATCH_LOG, EVENT_OUTCOMES,
 
 #: Outcome values of ``audit/event_outcomes``.
 OUTCOMES = ("APPLIED", "SUPERSEDED_IN_BATCH", "STALE", "DUPLICATE", "TOMBSTONED")
+
+#: Bronze columns the fold reads (one row per accepted, first-copy event), in this order.
+FOLD_COLUMNS = [
+    "customer_id",
+    "event_id",
+    "operation",
+    "event_timestamp",
+    *ATTRIBUTES,
+    "present_mask",
+    "lsn",
+    "sequence",
+]

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import polars as pl
@@ -39,6 +37,7 @@ from cdcflow.layers.tables import (
     BATCH_LOG,
     BRONZE,
     EVENT_OUTCOMES,
+    FOLD_COLUMNS,
     QUARANTINE,
     SILVER,
     TOMBSTONES,
@@ -55,18 +54,6 @@ from cdcflow.state.checkpoint import BatchOffsets
 from cdcflow.state.faults import crash_point
 
 log = get_logger("engine.local")
-
-#: Columns of Bronze that the fold reads.
-FOLD_COLUMNS = [
-    "customer_id",
-    "event_id",
-    "operation",
-    "event_timestamp",
-    *ATTRIBUTES,
-    "present_mask",
-    "lsn",
-    "sequence",
-]
 
 
 class LocalEngine:
@@ -366,7 +353,7 @@ class LocalEngine:
         )
         started = time.perf_counter()
 
-        with _stage(report, "parse"):
+        with report.stage("parse"):
             records, deliveries, rejected = self._parse(offsets, report)
             bronze_rows = self._bronze_table(offsets, records, deliveries)
             quarantine_rows = self._quarantine_table(offsets, records, rejected)
@@ -383,16 +370,16 @@ class LocalEngine:
                 else:
                     report.deletes += 1
 
-        with _stage(report, "bronze"):
+        with report.stage("bronze"):
             append_once(self.store.table(BRONZE), bronze_rows, self.app_id, batch_id, BRONZE)
         crash_point("after_bronze", batch_id)
-        with _stage(report, "quarantine"):
+        with report.stage("quarantine"):
             append_once(
                 self.store.table(QUARANTINE), quarantine_rows, self.app_id, batch_id, QUARANTINE
             )
         crash_point("after_quarantine", batch_id)
 
-        with _stage(report, "silver"):
+        with report.stage("silver"):
             events = pl.from_arrow(
                 bronze_rows.filter(pa.compute.invert(bronze_rows["is_duplicate"])).select(
                     FOLD_COLUMNS
@@ -408,7 +395,7 @@ class LocalEngine:
             report.silver_version = self.store.table(SILVER).version()
         crash_point("after_silver", batch_id)
 
-        with _stage(report, "history"):  # SCD2 timeline of the touched keys, then Gold/maintenance
+        with report.stage("history"):  # SCD2 timeline of the touched keys, then Gold/maintenance
             from cdcflow.engines.local.gold import after_batch
             from cdcflow.engines.local.history import merge_history
             from cdcflow.layers.tables import HISTORY
@@ -421,7 +408,7 @@ class LocalEngine:
                 self.app_id,
                 batch_id,
             )
-        with _stage(report, "gold"):
+        with report.stage("gold"):
             after_batch(self.config, self.app_id, batch_id)
 
         if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
@@ -431,7 +418,7 @@ class LocalEngine:
             if synced is not None:
                 report.snowflake_sync_lag_s = synced.dim.lag_s
 
-        with _stage(report, "audit"):
+        with report.stage("audit"):
             outcomes = self._outcomes(offsets, records, deliveries, targets, prior_tombs, report)
             append_once(
                 self.store.table(EVENT_OUTCOMES), outcomes, self.app_id, batch_id, EVENT_OUTCOMES
@@ -442,17 +429,6 @@ class LocalEngine:
         crash_point("after_audit", batch_id)
         log.info("micro-batch committed", extra={"batch": report.log_fields()})
         return report
-
-
-@contextmanager
-def _stage(report: BatchReport, name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        report.stage_seconds[name] = report.stage_seconds.get(name, 0.0) + (
-            time.perf_counter() - started
-        )
 
 
 __all__ = ["LocalEngine"]

@@ -22,7 +22,6 @@ list.
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from cdcflow.config import CdcflowConfig
@@ -41,15 +39,16 @@ from cdcflow.layers.tables import (
     BATCH_LOG,
     BRONZE,
     EVENT_OUTCOMES,
+    FOLD_COLUMNS,
     QUARANTINE,
     SILVER,
     TOMBSTONES,
     TableSpec,
 )
 from cdcflow.logs import get_logger
-from cdcflow.model.events import ATTRIBUTES
 from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, silver_merge_spec
 from cdcflow.report import BatchReport
+from cdcflow.signals import stop_on_signals
 from cdcflow.sources.files import LandingFile
 from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
 from cdcflow.state.faults import crash_point
@@ -61,16 +60,6 @@ if TYPE_CHECKING:
 
 log = get_logger("engine.spark")
 
-FOLD_COLUMNS = [
-    "customer_id",
-    "event_id",
-    "operation",
-    "event_timestamp",
-    *ATTRIBUTES,
-    "present_mask",
-    "lsn",
-    "sequence",
-]
 #: Schema of Spark's ``binaryFile`` source (one row per landing file).
 BINARY_FILE_DDL = "path string, modificationTime timestamp, length bigint, content binary"
 _CONFLICT_DETAIL = "event_id already received with different content"
@@ -168,7 +157,7 @@ class SparkEngine:
         query = writer.start()
         try:
             if trigger.kind == "processing-time":
-                with _stop_on_signals(self.stop):
+                with stop_on_signals(self.stop):
                     while not self._stop.is_set() and query.isActive:
                         query.awaitTermination(1)
                     while query.isActive and query.status.get("isTriggerActive"):
@@ -263,7 +252,7 @@ class SparkEngine:
             files=len(files),
             delete_mode=self.mode,
         )
-        stage = partial(_stage, report)
+        stage = report.stage
         wanted = [f.path for f in files]
 
         with stage("parse"):
@@ -571,31 +560,6 @@ def _ns(modified: Any) -> int:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat()
-
-
-@contextmanager
-def _stage(report: BatchReport, name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        report.stage_seconds[name] = report.stage_seconds.get(name, 0.0) + (
-            time.perf_counter() - started
-        )
-
-
-@contextmanager
-def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        log.info("stop requested", extra={"signal": signal.Signals(signum).name})
-        stop()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 __all__ = ["SparkEngine"]
