@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -64,6 +65,15 @@ class Lake:
         stamp = 1_700_000_000 + self.files_written
         os.utime(path, (stamp, stamp))
         return path
+
+    def write_stream(self, records: list[Any], cuts: list[int], seed: int) -> None:
+        """Shuffle ``records`` (seeded) and write them as files of ``cuts`` sizes, cycling."""
+        random.Random(seed).shuffle(records)
+        start, cut = 0, 0
+        while start < len(records):
+            size = cuts[cut % len(cuts)]
+            self.write(records[start : start + size])
+            start, cut = start + size, cut + 1
 
     def run(self, trigger: str = "available-now") -> list[Any]:
         return Pipeline(self.config).run(Trigger.parse(trigger))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,13 +50,8 @@ def expected(lake: Lake) -> dict[str, list[dict[str, Any]]]:
 
 def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int]) -> None:
     records, cuts, seed = stream
-    random.Random(seed).shuffle(records)
     lake = Lake(tmp, mode=mode, max_files=1)
-    start, cut = 0, 0
-    while start < len(records):
-        size = cuts[cut % len(cuts)]
-        lake.write(records[start : start + size])
-        start, cut = start + size, cut + 1
+    lake.write_stream(records, cuts, seed)
     lake.run("available-now")
     got = history(lake)
     assert got == expected(lake)

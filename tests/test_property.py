@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -49,13 +48,8 @@ def streams(draw: st.DrawFn) -> tuple[list[dict], list[int], int]:
 
 def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int]) -> None:
     records, cuts, seed = stream
-    random.Random(seed).shuffle(records)
     lake = Lake(tmp, mode=mode, max_files=1)
-    start, cut = 0, 0
-    while start < len(records):
-        size = cuts[cut % len(cuts)]
-        lake.write(records[start : start + size])
-        start, cut = start + size, cut + 1
+    lake.write_stream(records, cuts, seed)
     lake.run("available-now")
     expected = lake.expected()
     assert lake.silver() == expected.rows
