@@ -17,6 +17,7 @@ Output frame (one row per customer_id): the Silver columns (``SILVER.schema``) p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import polars as pl
@@ -35,12 +36,16 @@ def source_schema() -> pa.Schema:
     return pa.schema([*fields, pa.field("_cdc_tomb", pa.string())])
 
 
-def batch_tombstones(events: pl.DataFrame) -> pl.DataFrame:
+def batch_tombstones(events: pl.DataFrame, carry: Sequence[str] = ()) -> pl.DataFrame:
     """Latest DELETE per customer_id in the events (hard mode's tombstone candidates).
+
+    Args:
+        events: fold input (see module doc).
+        carry: further columns of ``events`` to take from that latest DELETE.
 
     Returns:
         One row per customer_id with a DELETE: customer_id, _cdc_seq, deleted_at,
-        last_event_id, last_lsn.
+        last_event_id, last_lsn, then the ``carry`` columns.
     """
     return (
         events.filter(_DELETE)
@@ -51,6 +56,7 @@ def batch_tombstones(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("event_timestamp").last().alias("deleted_at"),
             pl.col("event_id").last().alias("last_event_id"),
             pl.col("lsn").last().alias("last_lsn"),
+            *(pl.col(name).last() for name in carry),
         )
     )
 

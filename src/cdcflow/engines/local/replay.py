@@ -30,7 +30,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.fold import fold_events
+from cdcflow.engines.local.fold import batch_tombstones, fold_events
 from cdcflow.errors import CdcflowError, TableError
 from cdcflow.layers.tables import BATCH_LOG, BRONZE, SILVER, TOMBSTONES, TableSpec
 from cdcflow.logs import get_logger
@@ -156,16 +156,8 @@ def _write(
 def _tombstones(events: pl.DataFrame) -> pl.DataFrame:
     """Latest DELETE per customer_id, with the processing time of the batch that brought it."""
     return (
-        events.filter(pl.col("operation") == "DELETE")
-        .sort("sequence")
-        .group_by("customer_id")
-        .agg(
-            pl.col("sequence").last().alias("_cdc_seq"),
-            pl.col("event_timestamp").last().alias("deleted_at"),
-            pl.col("event_id").last().alias("last_event_id"),
-            pl.col("lsn").last().alias("last_lsn"),
-            pl.col("ingested_at").last().alias("tombstoned_at"),
-        )
+        batch_tombstones(events, carry=("ingested_at",))
+        .rename({"ingested_at": "tombstoned_at"})
         .select(TOMBSTONES.schema.names)
     )
 
