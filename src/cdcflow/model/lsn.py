@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import re
 
-_PG = re.compile(r"^([0-9A-Fa-f]+)/([0-9A-Fa-f]+)$")
-_MSSQL = re.compile(r"^([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,4})$")
-_DECIMAL = re.compile(r"^[0-9]+$")
+#: The notations as regular expressions (same text in Python ``re`` and Java regex, so the Spark
+#: rendering of the rules uses these very patterns).
+PG_PATTERN = r"^([0-9A-Fa-f]+)/([0-9A-Fa-f]+)$"
+MSSQL_PATTERN = r"^([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,4})$"
+DECIMAL_PATTERN = r"^[0-9]+$"
+_PG = re.compile(PG_PATTERN)
+_MSSQL = re.compile(MSSQL_PATTERN)
+_DECIMAL = re.compile(DECIMAL_PATTERN)
 MAX_LSN = (1 << 128) - 1
 LSN_KEY_WIDTH = 32
 

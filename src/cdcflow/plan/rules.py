@@ -57,6 +57,10 @@ REASONS = (
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+#: The characters ``str.strip()`` removes (``str.isspace``): "trimming" in these rules means
+#: removing exactly these, in every engine.
+WHITESPACE = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+
 
 @dataclass(frozen=True, slots=True)
 class Rejection:

@@ -221,7 +221,7 @@ class SparkEngine:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        from cdcflow.engines.spark.parse import RECORD_DDL, local_path, parse_files
+        from cdcflow.engines.spark.parse import local_path
 
         started = time.perf_counter()
         # file metadata only (binaryFile prunes the content column): the batch's files
@@ -253,21 +253,13 @@ class SparkEngine:
             delete_mode=self.mode,
         )
         stage = report.stage
-        wanted = [f.path for f in files]
 
         with stage("parse"):
-            processing = self.config.processing
-            parser = partial(
-                parse_files,
-                pattern=processing.customer_id_pattern,
-                processing_time=processing_time,
-                max_clock_skew=processing.max_clock_skew,
-            )
-            records = (
-                frame.select("path", "modificationTime", "content")
-                .mapInArrow(parser, RECORD_DDL)
-                .filter(F.col("source_file").isin(wanted))
-                .persist(StorageLevel.MEMORY_AND_DISK)
+            taken = {f.path for f in files}
+            sources = {r["path"]: local_path(r["path"]) for r in meta}
+            sources = {hadoop: path for hadoop, path in sources.items() if path in taken}
+            records = self._records(frame, sources, processing_time).persist(
+                StorageLevel.MEMORY_AND_DISK
             )
             # duplicates: the first-arriving copy wins; earlier batches come from Bronze
             prior = (
@@ -457,6 +449,72 @@ class SparkEngine:
         )
         log.info("micro-batch committed", extra={"batch": report.log_fields()})
         self._on_batch(report)
+
+    def _records(
+        self, frame: DataFrame, sources: dict[str, str], processing_time: datetime
+    ) -> DataFrame:
+        """The batch's landing files → validated records (``RECORD_DDL``), one per line.
+
+        Args:
+            frame: the micro-batch of the ``binaryFile`` stream.
+            sources: Hadoop path → local path (``source_file``) of the files to read.
+            processing_time: the batch's processing time (UTC).
+
+        Column rules (:mod:`cdcflow.engines.spark.validate`) on the hot path; the shared Python
+        rules only for what they leave (:mod:`cdcflow.engines.spark.parse`).
+        """
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.parse import (
+            LINE_COLUMNS,
+            RECORD_DDL,
+            RECORD_SCHEMA,
+            check_lines,
+            parse_files,
+        )
+        from cdcflow.engines.spark.validate import split_lines, validate_lines
+
+        rules = self.config.processing
+        params: dict[str, Any] = {
+            "pattern": rules.customer_id_pattern,
+            "processing_time": processing_time,
+            "max_clock_skew": rules.max_clock_skew,
+        }
+        wanted = self.spark.createDataFrame(
+            list(sources.items()), "path string, source_file string"
+        )
+        content = frame.select("path", "modificationTime", "content")
+        exact = F.col("path").endswith(".gz") | ~F.expr("is_valid_utf8(cast(content as string))")
+        whole = (
+            content.join(wanted.select("path"), "path", "left_semi")
+            .filter(exact)
+            .mapInArrow(partial(parse_files, **params), RECORD_DDL)
+        )
+        native = (
+            content.filter(~exact)
+            .join(wanted, "path")
+            .select(
+                "source_file",
+                F.unix_millis("modificationTime").alias("file_mtime_ms"),
+                "content",
+            )
+        )
+        checked = validate_lines(
+            split_lines(native), rules.customer_id_pattern, processing_time, rules.max_clock_skew
+        )
+        accepted = checked.filter(F.col("reason").isNull()).select(
+            *LINE_COLUMNS,
+            F.lit(True).alias("ok"),
+            F.lit(None).cast("string").alias("failure_reason"),
+            F.lit(None).cast("string").alias("failure_detail"),
+            *RECORD_SCHEMA.names[RECORD_SCHEMA.names.index("event_id") :],
+        )
+        others = (
+            checked.filter(F.col("reason").isNotNull())
+            .select(*LINE_COLUMNS)
+            .mapInArrow(partial(check_lines, **params), RECORD_DDL)
+        )
+        return accepted.unionByName(others).unionByName(whole)
 
     def _files_of_earlier_batches(self, batch_id: int) -> set[str]:
         """Landing files already taken by an earlier batch of the shared checkpoint."""

@@ -1,13 +1,17 @@
-"""Record parsing and validation inside Spark (``mapInArrow``), with the shared rules.
+"""The exception path of Spark validation: the shared Python rules, in ``mapInArrow`` steps.
 
-Input: the rows of the ``binaryFile`` stream (one row per landing file: ``path``,
-``modificationTime``, ``content``). Output (``RECORD_DDL``): one row per non-blank line, with the
-same line numbers, reasons and normalised values as the local engine, because both call
-:func:`cdcflow.plan.rules.validate_record` and split lines the same way
-(:func:`cdcflow.sources.files.read_records` semantics: ``.gz`` decompressed, 1-based line numbers,
-blank lines skipped, a corrupt gzip tail becomes one ``MALFORMED_JSON`` record).
+The hot path is :mod:`cdcflow.engines.spark.validate` (column expressions). These vectorised
+Python steps (Arrow batches in, Arrow batches out) take what it leaves:
 
-This is a vectorised Python step (Arrow batches in, Arrow batches out), not a per-row UDF.
+* :func:`check_lines` — lines the column rules rejected or did not decide: the shared
+  :func:`cdcflow.plan.rules.validate_record` gives their exact reason and detail (or accepts them);
+* :func:`parse_files` — whole files Spark SQL cannot split exactly: gzip files (Spark SQL has no
+  gunzip function; a corrupt gzip tail becomes one ``MALFORMED_JSON`` record) and files that are
+  not valid UTF-8. Lines are split as :func:`cdcflow.sources.files.read_records` does (1-based
+  line numbers, blank lines skipped).
+
+Output (``RECORD_DDL``): one row per non-blank line, with the local engine's line numbers,
+reasons and normalised values.
 """
 
 from __future__ import annotations
@@ -91,6 +95,14 @@ def _row(cols: dict[str, list[Any]], file: str, mtime: int, line: int, data: byt
     cols["raw"].append(data.decode("utf-8", errors="backslashreplace") if data else "")
 
 
+def _validated(cols: dict[str, list[Any]], raw: bytes | str, rules: RuleSet) -> None:
+    result = validate_record(raw, rules)
+    if isinstance(result, Rejection):
+        _reject(cols, result)
+    else:
+        _accept(cols, result)
+
+
 def _reject(cols: dict[str, list[Any]], rejection: Rejection) -> None:
     cols["ok"].append(False)
     cols["failure_reason"].append(rejection.reason)
@@ -140,9 +152,26 @@ def parse_files(
                 if data is None:
                     _reject(cols, Rejection("MALFORMED_JSON", error or "unreadable"))
                     continue
-                result = validate_record(data, rules)
-                if isinstance(result, Rejection):
-                    _reject(cols, result)
-                else:
-                    _accept(cols, result)
+                _validated(cols, data, rules)
             yield pa.RecordBatch.from_pydict(cols, schema=RECORD_SCHEMA)
+
+
+#: Columns :func:`check_lines` reads (those of :func:`cdcflow.engines.spark.validate.split_lines`).
+LINE_COLUMNS = ("source_file", "source_line", "file_mtime_ms", "file_name", "raw")
+
+
+def check_lines(
+    batches: Iterator[pa.RecordBatch],
+    pattern: str,
+    processing_time: datetime,
+    max_clock_skew: timedelta,
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` function: lines (``LINE_COLUMNS``) → validated records (``RECORD_SCHEMA``)."""
+    rules = RuleSet(re.compile(pattern), processing_time, max_clock_skew)
+    for batch in batches:
+        cols: dict[str, list[Any]] = {name: [] for name in RECORD_SCHEMA.names}
+        for row in batch.select(list(LINE_COLUMNS)).to_pylist():
+            for name in LINE_COLUMNS:
+                cols[name].append(row[name])
+            _validated(cols, row["raw"], rules)
+        yield pa.RecordBatch.from_pydict(cols, schema=RECORD_SCHEMA)

@@ -6,6 +6,7 @@ Nothing is downloaded when the session starts: the Delta jars come from ``spark.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,9 @@ def get_session(settings: SparkSection) -> SparkSession:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    # PySpark starts its Python workers with $PYSPARK_PYTHON (default: "python3" on PATH), not
+    # with the spark.pyspark.python conf: point it at this interpreter (the one with cdcflow)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(settings.master).appName("cdcflow")
     conf = {
         **DEFAULT_CONF,

@@ -1,0 +1,369 @@
+"""The validation rules of :mod:`cdcflow.plan.rules`, rendered as Spark column expressions.
+
+The hot path of the Spark engine runs no Python: landing files are split into lines with
+``split``/``posexplode``, each line is parsed with ``try_parse_json`` (Spark's VARIANT) and
+checked by one ``CASE`` chain that follows ``REASONS`` in order, built from the same definitions
+the local engine uses (operation aliases and statuses of :mod:`cdcflow.model.events`, the LSN
+notations of :mod:`cdcflow.model.lsn`, the whitespace set and customer_id pattern of
+:mod:`cdcflow.plan.rules`). An accepted line is normalised here too: trimmed ids, operation,
+UTC timestamp, attribute JSON text, present mask, LSN key, sequence and the SHA-256 content hash
+of the canonical JSON (keys sorted, no whitespace; Spark's variant ``to_json``).
+
+The rendering is conservative: it accepts a line only when it can reproduce the shared rules
+exactly. Every other line gets a reason, and the engine hands it to the shared Python rules
+(:func:`cdcflow.plan.rules.validate_record`) for the final reason and detail. These are the
+exceptions, not the hot path: rejected lines (quarantine), and lines this rendering does not decide
+(reason ``UNDECIDED``): numbers with a fraction or exponent or wider than 64 bits, escaped control
+characters or surrogates, timestamps outside the ``YYYY-MM-DD[T ]hh:mm:ss[.f*][Z|±hh:mm]`` /
+epoch-milliseconds shapes, and LSNs beyond 64 bits.
+
+Line splitting follows :func:`cdcflow.sources.files.read_records`: lines end at ``\\n``, trailing
+``\\r``/``\\n`` are removed, lines holding only ASCII whitespace are skipped, numbering is 1-based.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from cdcflow.model.events import ATTRIBUTE_BIT, ATTRIBUTES, OPERATION_ALIASES, STATUSES
+from cdcflow.model.lsn import DECIMAL_PATTERN, LSN_KEY_WIDTH, MSSQL_PATTERN, PG_PATTERN
+from cdcflow.plan.rules import WHITESPACE
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+#: Reason of a line this rendering leaves to the shared Python rules.
+UNDECIDED = "UNDECIDED"
+
+_WS = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]"
+_STRIP = f"^{_WS}+|{_WS}+$"
+_ISO = (
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-9]{2})"
+    r"(?:\.([0-9]+))?(Z|[+-][0-9]{2}:[0-9]{2})?$"
+)
+_EPOCH_TEXT = r"^-?[0-9]{10,15}$"
+#: JSON escapes whose canonical form differs between JSON writers (control characters) or that
+#: Spark decodes lossily (surrogates).
+_HARD_ESCAPES = r"\\u(00[01]|[dD][89a-fA-F])"
+_INEXACT_NUMBERS = "DOUBLE|FLOAT|DECIMAL"
+#: Epoch-millisecond range decided here: years 1000 to 9999.
+_MIN_MS, _MAX_MS = -30_610_224_000_000, 253_402_300_799_999
+
+
+def _lit(value: object) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.lit(value)
+
+
+def strip(column: Column) -> Column:
+    """``str.strip()``: remove leading/trailing ``WHITESPACE``."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(column, _STRIP, "")
+
+
+class _Field:
+    """One JSON field of the record (a variant path), materialised as columns ``_<tag>_*``.
+
+    ``type`` is the variant type name (``STRING``, ``BIGINT``, ``BOOLEAN``, ``VOID`` for JSON
+    null, ``OBJECT<…>``, ``ARRAY<…>``, ``DOUBLE``, ``DECIMAL(p,s)``), null when the field is
+    missing; ``text`` is the value as text (JSON text for numbers and booleans); ``trimmed`` is
+    ``text`` after ``str.strip()``.
+    """
+
+    def __init__(self, tag: str, path: str) -> None:
+        self.tag, self.path = tag, path
+
+    def extract(self, record: Column) -> list[Column]:
+        """The columns ``_<tag>_t`` (type) and ``_<tag>_s`` (text) from the record."""
+        from pyspark.sql import functions as F
+
+        value = F.variant_get(record, self.path, "variant")
+        kind = F.when(value.isNotNull(), F.coalesce(F.schema_of_variant(value), _lit("VOID")))
+        return [
+            kind.alias(f"_{self.tag}_t"),
+            F.try_variant_get(record, self.path, "string").alias(f"_{self.tag}_s"),
+        ]
+
+    def trim(self) -> Column:
+        """The column ``_<tag>_x`` (trimmed text)."""
+        return strip(self.text).alias(f"_{self.tag}_x")
+
+    @property
+    def type(self) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.col(f"_{self.tag}_t")
+
+    @property
+    def text(self) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.col(f"_{self.tag}_s")
+
+    @property
+    def trimmed(self) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.col(f"_{self.tag}_x")
+
+    @property
+    def missing(self) -> Column:
+        return self.type.isNull()
+
+    @property
+    def null(self) -> Column:
+        return self.missing | (self.type == "VOID")
+
+    @property
+    def is_string(self) -> Column:
+        return self.type == "STRING"
+
+    @property
+    def is_int(self) -> Column:
+        return self.type == "BIGINT"
+
+    @property
+    def structured(self) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.coalesce(
+            self.type.startswith("OBJECT") | self.type.startswith("ARRAY"), _lit(False)
+        )
+
+    @property
+    def blank(self) -> Column:
+        return self.null | (self.is_string & (self.trimmed == ""))
+
+
+def split_lines(files: DataFrame) -> DataFrame:
+    """Landing files → one row per non-blank line.
+
+    Args:
+        files: one row per UTF-8 landing file: ``source_file`` (local path), ``file_mtime_ms``
+            (epoch milliseconds), ``content`` (binary, not compressed).
+
+    Returns:
+        One row per non-blank line: source_file, source_line (1-based), file_mtime_ms,
+        file_name, raw (the line without its end-of-line characters).
+    """
+    from pyspark.sql import functions as F
+
+    lines = files.select(
+        "source_file",
+        "file_mtime_ms",
+        F.posexplode(F.split(F.col("content").cast("string"), "\n", -1)).alias("pos", "line"),
+    )
+    return lines.filter(~F.col("line").rlike(r"^[ \t\n\r\x0B\f]*$")).select(
+        "source_file",
+        (F.col("pos") + 1).cast("long").alias("source_line"),
+        "file_mtime_ms",
+        F.element_at(F.split("source_file", "/"), -1).alias("file_name"),
+        F.regexp_replace("line", "[\r\n]+$", "").alias("raw"),
+    )
+
+
+def _timestamp(ts: _Field) -> tuple[Column, Column, Column]:
+    """(UTC timestamp or null, sub-microsecond nanos as 3 digits, shape recognised)."""
+    from pyspark.sql import functions as F
+
+    text = ts.trimmed
+    iso = text.rlike(_ISO)
+    fraction = F.coalesce(F.regexp_extract(text, _ISO, 3), _lit(""))
+    offset = F.regexp_extract(text, _ISO, 4)
+    stamp = F.concat(
+        F.regexp_extract(text, _ISO, 1),
+        _lit(" "),
+        F.regexp_extract(text, _ISO, 2),
+        _lit("."),
+        F.rpad(F.substring(fraction, 1, 6), 6, "0"),
+        F.when(offset.isin("", "Z"), _lit("+00:00")).otherwise(offset),
+    )
+    epoch_text = ts.is_string & text.rlike(_EPOCH_TEXT)
+    millis = F.when(ts.is_int, ts.text).when(epoch_text, text).cast("long")
+    in_range = millis.between(_MIN_MS, _MAX_MS)
+    value = (
+        F.when(ts.is_string & iso, F.try_to_timestamp(stamp, _lit("yyyy-MM-dd HH:mm:ss.SSSSSSXXX")))
+        .when(in_range, F.timestamp_millis(F.when(in_range, millis)))
+        .otherwise(None)
+    )
+    nanos = F.when(ts.is_string & iso, F.rpad(F.substring(fraction, 7, 3), 3, "0")).otherwise(
+        _lit("000")
+    )
+    value = F.when(F.year(value) >= 1000, value)
+    return value, nanos, (ts.is_string & (iso | epoch_text)) | ts.is_int
+
+
+def _hex(decimal_text: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.lower(F.conv(decimal_text, 10, 16))
+
+
+def _lsn_key(lsn: _Field) -> tuple[Column, Column]:
+    """(32-hex-digit LSN key or null when not decided here, notation recognised)."""
+    from pyspark.sql import functions as F
+
+    text = lsn.trimmed
+    pg, mssql, decimal = (
+        text.rlike(PG_PATTERN),
+        text.rlike(MSSQL_PATTERN),
+        text.rlike(DECIMAL_PATTERN),
+    )
+    high = F.regexp_replace(F.regexp_extract(text, PG_PATTERN, 1), "^0+", "")
+    low = F.regexp_replace(F.regexp_extract(text, PG_PATTERN, 2), "^0+", "")
+    pg_value = F.coalesce(F.conv(F.when(high == "", "0").otherwise(high), 16, 10), _lit("0")).cast(
+        "decimal(38,0)"
+    ) * 4294967296 + F.conv(F.when(low == "", "0").otherwise(low), 16, 10).cast("decimal(38,0)")
+    pg_key = F.when((F.length(high) <= 8) & (F.length(low) <= 8), _hex(pg_value.cast("string")))
+    mssql_key = F.concat(
+        *[
+            F.lpad(F.lower(F.regexp_extract(text, MSSQL_PATTERN, i)), width, "0")
+            for i, width in ((1, 20), (2, 8), (3, 4))
+        ]
+    )
+    digits = F.regexp_replace(text, "^0+", "")
+    decimal_key = F.when(F.length(digits) <= 18, _hex(F.when(digits == "", "0").otherwise(digits)))
+    int_key = F.when(lsn.text.cast("long") >= 0, _hex(lsn.text))
+    key = (
+        F.when(lsn.is_int, int_key)
+        .when(lsn.is_string & pg, pg_key)
+        .when(lsn.is_string & mssql, mssql_key)
+        .when(lsn.is_string & decimal, decimal_key)
+    )
+    recognised = (lsn.is_int & (lsn.text.cast("long") >= 0)) | (
+        lsn.is_string & (pg | mssql | decimal)
+    )
+    return F.lpad(key, LSN_KEY_WIDTH, "0"), recognised
+
+
+def validate_lines(
+    lines: DataFrame,
+    customer_id_pattern: str,
+    processing_time: datetime,
+    max_clock_skew: timedelta,
+) -> DataFrame:
+    """Apply the rules to lines; see the module doc.
+
+    Args:
+        lines: one row per line (columns of :func:`split_lines`; ``raw`` is the line text).
+        customer_id_pattern: ``processing.customer_id_pattern`` (Python ``re`` syntax; rendered
+            for Java regex, which matches a subset of the same strings for the usual patterns).
+        processing_time: the micro-batch's processing time (UTC).
+        max_clock_skew: ``processing.max_clock_skew``.
+
+    Returns:
+        The input columns plus ``reason`` (null = accepted, else a ``REASONS`` code or
+        ``UNDECIDED``) and, for accepted lines, the normalised columns of
+        :data:`cdcflow.engines.spark.parse.RECORD_FIELDS`.
+    """
+    from pyspark.sql import functions as F
+
+    raw = F.col("raw")
+    as_array = F.try_parse_json(F.concat(_lit("["), raw, _lit("]")))
+    # a record is exactly one JSON value: both wrappers parse only when nothing follows it
+    as_member = F.try_parse_json(F.concat(_lit('{"x":'), raw, _lit("}")))
+    parsed = lines.withColumn(
+        "_record",
+        F.when(as_member.isNotNull(), F.variant_get(as_array, "$[0]", "variant")),
+    )
+    record = F.col("_record")
+    cid, eid = _Field("cid", "$.customer_id"), _Field("eid", "$.event_id")
+    op, ts = _Field("op", "$.operation"), _Field("ts", "$.event_timestamp")
+    lsn, status = _Field("lsn", "$.metadata.lsn"), _Field("status", "$.status")
+    meta = {name: _Field(name, f"$.metadata.{name}") for name in ("source_table", "tx_id")}
+    attrs = {name: _Field(name, f"$.{name}") for name in ATTRIBUTES[:-1]}
+    attrs["status"] = status
+    trimmed = (cid, eid, op, ts, lsn, status)
+    every = {f.tag: f for f in (*trimmed, *meta.values(), *attrs.values())}.values()
+    fields = parsed.select(
+        *lines.columns,
+        "_record",
+        F.schema_of_variant(record).alias("_schema"),
+        *[column for field in every for column in field.extract(record)],
+    ).select("*", *[field.trim() for field in trimmed])
+
+    aliases = F.create_map(*[_lit(x) for kv in OPERATION_ALIASES.items() for x in kv])
+    operation = F.when(op.is_string, F.element_at(aliases, F.upper(op.trimmed)))
+    event_ts, nanos, ts_shape = _timestamp(ts)
+    key, lsn_shape = _lsn_key(lsn)
+    derived = fields.select(
+        "*",
+        operation.alias("_operation"),
+        event_ts.alias("_event_ts"),
+        nanos.alias("_nanos"),
+        ts_shape.alias("_ts_shape"),
+        key.alias("_lsn_key"),
+        lsn_shape.alias("_lsn_shape"),
+    )
+    operation, event_ts, key = F.col("_operation"), F.col("_event_ts"), F.col("_lsn_key")
+    limit = _lit(processing_time + max_clock_skew).cast("timestamp")
+    pattern = f"^(?:{customer_id_pattern})\\z"
+    norm_status = F.upper(status.trimmed)
+    upsert = operation != "DELETE"
+
+    def structured(group: list[_Field]) -> Column:
+        found = _lit(False)
+        for field in group:
+            found = found | field.structured
+        return found
+
+    # SCHEMA_MISMATCH looks at event_id and metadata.source_table/tx_id, plus the attributes of
+    # an INSERT/UPDATE (a DELETE's attribute values are ignored)
+    shape_error = structured([eid, *meta.values()]) | (upsert & structured(list(attrs.values())))
+
+    reason = (
+        F.when(record.isNull(), _lit(UNDECIDED))  # invalid, or valid with duplicate keys
+        .when(~F.col("_schema").startswith("OBJECT"), _lit("MALFORMED_JSON"))
+        .when(F.col("_schema").rlike(_INEXACT_NUMBERS) | raw.rlike(_HARD_ESCAPES), _lit(UNDECIDED))
+        .when(cid.blank, _lit("NULL_CUSTOMER_ID"))
+        .when(~cid.is_string | ~cid.trimmed.rlike(pattern), _lit("INVALID_CUSTOMER_ID_FORMAT"))
+        .when(eid.blank, _lit("NULL_EVENT_ID"))
+        .when(operation.isNull(), _lit("INVALID_OPERATION"))
+        .when(ts.blank, _lit("NULL_EVENT_TIMESTAMP"))
+        .when(~F.col("_ts_shape") & ~ts.is_string, _lit("INVALID_EVENT_TIMESTAMP"))
+        .when(event_ts.isNull(), _lit(UNDECIDED))
+        .when(event_ts > limit, _lit("FUTURE_EVENT_TIMESTAMP"))
+        .when(lsn.blank, _lit("NULL_LSN"))
+        .when(~F.col("_lsn_shape") & (lsn.is_string | lsn.is_int), _lit("INVALID_LSN"))
+        .when((lsn.type == "BOOLEAN") | lsn.structured, _lit("INVALID_LSN"))
+        .when(key.isNull(), _lit(UNDECIDED))
+        .when(
+            upsert
+            & F.when(status.missing, operation == "INSERT").otherwise(
+                ~status.is_string | ~norm_status.isin(*STATUSES)
+            ),
+            _lit("INVALID_STATUS"),
+        )
+        .when(shape_error, _lit("SCHEMA_MISMATCH"))
+    )
+    event_id = F.when(eid.is_string, eid.trimmed).otherwise(eid.text)
+    values = {name: F.when(upsert & ~field.missing, field.text) for name, field in attrs.items()}
+    values["status"] = F.when(upsert & ~status.missing, norm_status)
+    mask = _lit(0)
+    for name, field in attrs.items():
+        mask = mask + F.when(upsert & ~field.missing, _lit(ATTRIBUTE_BIT[name])).otherwise(0)
+    sequence = F.concat_ws(
+        ".",
+        key,
+        F.concat(F.date_format(event_ts, "yyyyMMddHHmmssSSSSSS"), F.col("_nanos")),
+        event_id,
+    )
+    return derived.select(
+        *lines.columns,
+        reason.alias("reason"),
+        event_id.alias("event_id"),
+        cid.trimmed.alias("customer_id"),
+        operation.alias("operation"),
+        event_ts.alias("event_timestamp"),
+        *[values[name].alias(name) for name in ATTRIBUTES],
+        mask.cast("int").alias("present_mask"),
+        meta["source_table"].text.alias("source_table"),
+        F.when(lsn.is_string, lsn.trimmed).otherwise(lsn.text).alias("lsn"),
+        key.alias("lsn_key"),
+        meta["tx_id"].text.alias("tx_id"),
+        sequence.alias("sequence"),
+        F.sha2(F.to_json(record).cast("binary"), 256).alias("content_hash"),
+    )
