@@ -6,7 +6,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,18 @@ from cdcflow.plan.reference import SILVER_COLUMNS, ReferenceState, fold
 from cdcflow.plan.rules import RuleSet, validate_record
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The one SparkSession every Spark test shares (started on first use)."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from cdcflow.config import SparkSection
+    from cdcflow.engines.spark.session import get_session
+
+    session = get_session(SparkSection())
+    yield session
+    session.stop()
 
 
 class Lake:

@@ -6,7 +6,6 @@ quarantine (file name, line, reason) and outcomes (event_id → outcomes in arri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,6 @@ from tests.conftest import Lake, ev, full
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from cdcflow.config import SparkSection
-    from cdcflow.engines.spark.session import get_session
-
-    session = get_session(SparkSection())
-    yield session
-    session.stop()
 
 
 def spark_lake(root: Path, mode: str = "soft") -> Lake:
