@@ -32,10 +32,15 @@ def quarantine(lake: Lake) -> list[tuple[str, int, str]]:
     )
 
 
+def history(lake: Lake) -> list[dict[str, Any]]:
+    return lake.table("silver/customer_history").sort("customer_id", "sequence").to_dicts()
+
+
 def same_tables(local: Lake, other: Lake) -> None:
     assert other.silver() == local.silver()
     assert quarantine(other) == quarantine(local)
     assert other.outcomes() == local.outcomes()
+    assert history(other) == history(local)
 
 
 def workload(mode: str) -> list[list[list[Any]]]:

@@ -40,6 +40,7 @@ from cdcflow.layers.tables import (
     BRONZE,
     EVENT_OUTCOMES,
     FOLD_COLUMNS,
+    HISTORY,
     QUARANTINE,
     SILVER,
     TOMBSTONES,
@@ -86,6 +87,7 @@ class SparkEngine:
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
         self._stop = threading.Event()
+        self._cached: list[DataFrame] = []  # per-batch caches, released when the batch ends
         self._on_batch: Callable[[BatchReport], None] = lambda report: None
 
     def run_batch(self, offsets: BatchOffsets) -> BatchReport:
@@ -391,6 +393,19 @@ class SparkEngine:
             report.silver_version = self.store.table(SILVER).version()
         crash_point("after_silver", batch_id)
 
+        with stage("history"):  # SCD2 timeline of the touched keys
+            self._merge_history(keys, batch_id)
+        with stage("gold"):  # the Gold policy of the local engine (driver-side, small tables)
+            from cdcflow.engines.local.gold import after_batch
+
+            after_batch(self.config, self.app_id, batch_id)
+        if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
+            from cdcflow.sinks.snowflake.inline import sync_after_batch
+
+            synced = sync_after_batch(self.config, report)
+            if synced is not None:
+                report.snowflake_sync_lag_s = synced.dim.lag_s
+
         with stage("audit"):
             threshold = self.config.processing.late_event_threshold.total_seconds()
             firsts = bronze.filter(~F.col("is_duplicate"))
@@ -441,8 +456,9 @@ class SparkEngine:
                 row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
                 self._append(self.spark.createDataFrame(row.to_pandas()), BATCH_LOG, batch_id)
         crash_point("after_audit", batch_id)
-        for cached in (records, classified, outcomes):
+        for cached in (records, classified, outcomes, *self._cached):
             cached.unpersist()
+        self._cached.clear()
         crash_point("before_commit", batch_id)
         self.checkpoint.write_commit(
             batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
@@ -463,6 +479,7 @@ class SparkEngine:
         Column rules (:mod:`cdcflow.engines.spark.validate`) on the hot path; the shared Python
         rules only for what they leave (:mod:`cdcflow.engines.spark.parse`).
         """
+        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         from cdcflow.engines.spark.parse import (
@@ -502,6 +519,9 @@ class SparkEngine:
         checked = validate_lines(
             split_lines(native), rules.customer_id_pattern, processing_time, rules.max_clock_skew
         )
+        # cached: a barrier, so the filters below do not inline (and repeat) the rule expressions
+        checked = checked.persist(StorageLevel.MEMORY_AND_DISK)
+        self._cached.append(checked)
         accepted = checked.filter(F.col("reason").isNull()).select(
             *LINE_COLUMNS,
             F.lit(True).alias("ok"),
@@ -566,6 +586,43 @@ class SparkEngine:
                 .whenMatchedDelete(spec.delete_when)
                 .whenMatchedUpdate(spec.update_when, update_set)
                 .whenNotMatchedInsert(spec.insert_when, insert_values)
+                .execute()
+            )
+
+    def _merge_history(self, keys: DataFrame, batch_id: int) -> None:
+        """Recompute the touched keys' SCD2 timelines from Bronze; MERGE the difference."""
+        if self._txn(HISTORY, batch_id):
+            return
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.history import (
+            HISTORY_DELETE_WHEN,
+            HISTORY_MERGE_ON,
+            HISTORY_UPSERT_WHEN,
+            history_changes,
+            history_frame,
+        )
+
+        events = (
+            self._read(BRONZE)
+            .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
+            .join(keys, "customer_id", "left_semi")
+            .select(FOLD_COLUMNS)
+        )
+        stored = self._read(HISTORY, self.store.table(HISTORY).version()).join(
+            keys, "customer_id", "left_semi"
+        )
+        source = history_changes(history_frame(events, self.mode), stored)
+        columns = {name: f"s.{name}" for name in HISTORY.schema.names}
+        table = DeltaTable.forPath(self.spark, self.config.table_uri(HISTORY.name))
+        with self._txn_conf(self.app_id, batch_id):
+            (
+                table.alias("t")
+                .merge(source.alias("s"), HISTORY_MERGE_ON)
+                .whenMatchedDelete(HISTORY_DELETE_WHEN)
+                .whenMatchedUpdate(HISTORY_UPSERT_WHEN, dict(columns))
+                .whenNotMatchedInsert(HISTORY_UPSERT_WHEN, dict(columns))
                 .execute()
             )
 
