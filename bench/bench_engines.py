@@ -7,11 +7,12 @@ Usage::
     uv run python bench/bench_engines.py --events 20000 --customers 2000   # a quick run
 
 Generates one landing folder (:func:`cdcflow.generator.generate`), then runs the pipeline with
-trigger ``available-now`` over it once per engine, each into its own lake and checkpoint, and
-checks that both Silver tables are identical. Prints and writes to
-``bench/results/<UTC time>-engines-<events>.json``: events/s per engine (source changes / wall
-seconds of the run; the Spark figure excludes the SparkSession start, reported separately) and the
-ratio spark/local.
+trigger ``available-now`` over it once per engine, each in its own process (so peak memory is
+per engine) and into its own lake and checkpoint, and checks that both Silver tables are
+identical. Prints and writes to ``bench/results/<UTC time>-engines-<events>.json``: events/s per
+engine (records delivered / wall seconds of the run; the Spark figure excludes the SparkSession
+start, reported separately), peak resident memory per engine (MiB; for Spark the largest of the
+driver, the JVM and the Python workers) and the ratio spark/local.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import argparse
 import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -59,6 +63,37 @@ def _run(config: CdcflowConfig) -> tuple[float, int]:
     return time.perf_counter() - started, len(reports)
 
 
+def _one_engine(root: Path, landing: Path, engine: str, max_files: int) -> None:
+    """Child process: run one engine, print its JSON result on the last stdout line."""
+    config = _config(root / engine, landing, engine, max_files)
+    session_s = 0.0
+    if engine == "spark":
+        from cdcflow.engines.spark.session import get_session
+
+        started = time.perf_counter()
+        get_session(config.spark)
+        session_s = time.perf_counter() - started
+    seconds, batches = _run(config)
+    if engine == "spark":
+        from cdcflow.engines.spark.session import get_session
+
+        get_session(config.spark).stop()  # the JVM exits: its peak RSS is in RUSAGE_CHILDREN
+    peak_kib = max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    )
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "batches": batches,
+                "session_start_s": session_s,
+                "peak_rss_mib": round(peak_kib / 1024, 1),
+            }
+        )
+    )
+
+
 def main() -> None:
     """Run the benchmark (see module doc)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,7 +101,13 @@ def main() -> None:
     parser.add_argument("--customers", type=int, default=100_000)
     parser.add_argument("--files", type=int, default=20)
     parser.add_argument("--max-files-per-trigger", type=int, default=5)
+    parser.add_argument("--only", choices=["local", "spark"], help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.only:  # child process of the benchmark
+        root = Path(args.root)
+        _one_engine(root, root / "landing", args.only, args.max_files_per_trigger)
+        return
 
     with tempfile.TemporaryDirectory(prefix="cdcflow-bench-engines-") as tmp:
         root = Path(tmp)
@@ -86,28 +127,28 @@ def main() -> None:
                 "cpus": os.cpu_count(),
             },
         }
-        local = _config(root / "local", landing, "local", args.max_files_per_trigger)
-        seconds, batches = _run(local)
-        result["local"] = {
-            "seconds": seconds,
-            "batches": batches,
-            "events_s": args.events / seconds,
-        }
-
-        spark_config = _config(root / "spark", landing, "spark", args.max_files_per_trigger)
-        from cdcflow.engines.spark.session import get_session
-
-        started = time.perf_counter()
-        get_session(spark_config.spark)
-        session_s = time.perf_counter() - started
-        seconds, batches = _run(spark_config)
-        result["spark"] = {
-            "seconds": seconds,
-            "batches": batches,
-            "events_s": args.events / seconds,
-            "session_start_s": session_s,
-        }
+        for engine in ("local", "spark"):
+            child = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--only",
+                    engine,
+                    "--root",
+                    str(root),
+                    "--max-files-per-trigger",
+                    str(args.max_files_per_trigger),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            run = json.loads(child.stdout.strip().splitlines()[-1])
+            run["events_s"] = args.events / run["seconds"]
+            result[engine] = run
         result["ratio_spark_over_local"] = result["spark"]["events_s"] / result["local"]["events_s"]
+        local = _config(root / "local", landing, "local", args.max_files_per_trigger)
+        spark_config = _config(root / "spark", landing, "spark", args.max_files_per_trigger)
         result["silver_identical"] = _silver(local).equals(_silver(spark_config))
 
     print(json.dumps(result, indent=1))
