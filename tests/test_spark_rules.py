@@ -244,3 +244,12 @@ def messy_records(draw: st.DrawFn) -> str:
 @given(st.lists(messy_records(), min_size=120, max_size=120))
 def test_messy_records_agree(spark: Any, raws: list[str]) -> None:
     compare(spark, raws)
+
+
+def test_python_only_pattern_syntax_is_a_config_error(spark: Any) -> None:
+    from cdcflow.engines.spark.validate import check_pattern
+    from cdcflow.errors import ConfigError
+
+    check_pattern(spark, r"^C-[0-9]+$")
+    with pytest.raises(ConfigError, match=r"processing\.customer_id_pattern"):
+        check_pattern(spark, r"^(?P<prefix>C)-[0-9]+$")

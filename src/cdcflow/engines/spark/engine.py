@@ -84,6 +84,9 @@ class SparkEngine:
         for spec in ALL_TABLES:  # same schemas, partitioning and properties as the local engine
             self.store.ensure(spec)
         self.spark: SparkSession = get_session(config.spark)
+        from cdcflow.engines.spark.validate import check_pattern
+
+        check_pattern(self.spark, config.processing.customer_id_pattern)
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
         self._stop = threading.Event()

@@ -26,12 +26,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from cdcflow.errors import ConfigError
 from cdcflow.model.events import ATTRIBUTE_BIT, ATTRIBUTES, OPERATION_ALIASES, STATUSES
 from cdcflow.model.lsn import DECIMAL_PATTERN, LSN_KEY_WIDTH, MSSQL_PATTERN, PG_PATTERN
 from cdcflow.plan.rules import WHITESPACE
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 #: Reason of a line this rendering leaves to the shared Python rules.
 UNDECIDED = "UNDECIDED"
@@ -136,6 +137,26 @@ class _Field:
     @property
     def blank(self) -> Column:
         return self.null | (self.is_string & (self.trimmed == ""))
+
+
+def java_pattern(customer_id_pattern: str) -> str:
+    """``processing.customer_id_pattern`` as a Java regex that must match the whole value."""
+    return f"^(?:{customer_id_pattern})\\z"
+
+
+def check_pattern(spark: SparkSession, customer_id_pattern: str) -> None:
+    """Fail early when Java regex cannot compile the customer_id pattern.
+
+    Raises:
+        ConfigError: the pattern uses Python-only syntax (e.g. ``(?P<name>…)``); names the key.
+    """
+    try:
+        spark.range(1).select(_lit("C-1").rlike(java_pattern(customer_id_pattern))).collect()
+    except Exception as exc:
+        raise ConfigError(
+            "processing.customer_id_pattern: not a valid Java regular expression for the spark "
+            f"engine ({str(exc).splitlines()[0][:160]})"
+        ) from exc
 
 
 def split_lines(files: DataFrame) -> DataFrame:
@@ -300,7 +321,7 @@ def validate_lines(
     )
     operation, event_ts, key = F.col("_operation"), F.col("_event_ts"), F.col("_lsn_key")
     limit = _lit(processing_time + max_clock_skew).cast("timestamp")
-    pattern = f"^(?:{customer_id_pattern})\\z"
+    pattern = java_pattern(customer_id_pattern)
     norm_status = F.upper(status.trimmed)
     upsert = operation != "DELETE"
 
