@@ -6,6 +6,7 @@ quarantine (file name, line, reason) and outcomes (event_id → outcomes in arri
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def same_tables(local: Lake, other: Lake) -> None:
     assert history(other) == history(local)
 
 
-def workload(mode: str) -> list[list[list[Any]]]:
+def workload(mode: str) -> list[list[Any]]:
     """Runs of landing files of records: the core scenarios, interleaved over customers."""
     first = [
         [
@@ -73,15 +74,27 @@ def workload(mode: str) -> list[list[list[Any]]]:
             ev("E42", "C-7", "UPDATE", "0/45", minutes_ago=15, city="Oslo"),  # below tombstone
             ev("E43", "C-7", "INSERT", "0/60", minutes_ago=5, status="ACTIVE", city="Bergen"),
             ev("E44", "C-8", "DELETE", "0/70", minutes_ago=5),  # DELETE of an unknown key
-        ]
+            # left by the column rules to the shared Python rules: a number with a fraction,
+            # duplicate keys; and a CRLF line ending
+            ev("E45", "C-9", "INSERT", "0/71", minutes_ago=5, **full(phone=12.50)),
+            json.dumps(ev("E46", "C-9", "UPDATE", "0/72", minutes_ago=4))[:-1] + ', "city": "A"'
+            ', "city": "B"}',
+            json.dumps(ev("E47", "C-9", "UPDATE", "0/73", minutes_ago=3, country="PT")) + "\r",
+        ],
+        # whole files for the Python step: gzip, and a file that is not valid UTF-8
+        ("gz", [ev("E60", "C-10", "INSERT", "0/80", minutes_ago=3, **full())]),
+        [b"\xff\xfe{}", ev("E61", "C-10", "UPDATE", "0/81", minutes_ago=2, city="Porto")],
     ]
     return [first, second]
 
 
-def run_workload(lake: Lake, runs: list[list[list[Any]]]) -> None:
+def run_workload(lake: Lake, runs: list[list[Any]]) -> None:
     for files in runs:
         for records in files:
-            lake.write(records)
+            if isinstance(records, tuple):
+                lake.write(records[1], gz=True)
+            else:
+                lake.write(records)
         lake.run()
 
 

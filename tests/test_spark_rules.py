@@ -10,8 +10,7 @@ a realistic workload must be decided entirely by the column rules.
 from __future__ import annotations
 
 import json
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -20,35 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
-from cdcflow.plan.rules import Rejection, RuleSet, validate_record
+from cdcflow.plan.rules import Rejection, validate_record
+from tests.test_rules import NOW, RULES, good
 
 pytestmark = pytest.mark.spark
 
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-RULES = RuleSet(re.compile(r"^C-[0-9]+$"), NOW, timedelta(minutes=5))
 LINE_DDL = "source_file string, source_line long, file_mtime_ms long, file_name string, raw string"
-
-
-def good(**changes: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "event_id": "EVT-1",
-        "customer_id": "C-9021",
-        "operation": "INSERT",
-        "event_timestamp": "2026-08-30T10:00:00Z",
-        "customer_name": "Aarav Sharma",
-        "email": "a@example.com",
-        "phone": "+91-9876543210",
-        "city": "Bengaluru",
-        "country": "India",
-        "status": "ACTIVE",
-        "metadata": {"source_table": "customers", "lsn": "00000028:000001bc:0001", "tx_id": "T1"},
-    }
-    for key, value in changes.items():
-        if value is ...:
-            record.pop(key, None)
-        else:
-            record[key] = value
-    return record
 
 
 def compare(spark: Any, raws: list[str]) -> tuple[int, int]:
