@@ -247,14 +247,14 @@ def _lsn_key(lsn: _Field) -> tuple[Column, Column]:
     )
     digits = F.regexp_replace(text, "^0+", "")
     decimal_key = F.when(F.length(digits) <= 18, _hex(F.when(digits == "", "0").otherwise(digits)))
-    int_key = F.when(lsn.text.cast("long") >= 0, _hex(lsn.text))
+    int_key = F.when(lsn.text.try_cast("long") >= 0, _hex(lsn.text))
     key = (
         F.when(lsn.is_int, int_key)
         .when(lsn.is_string & pg, pg_key)
         .when(lsn.is_string & mssql, mssql_key)
         .when(lsn.is_string & decimal, decimal_key)
     )
-    recognised = (lsn.is_int & (lsn.text.cast("long") >= 0)) | (
+    recognised = (lsn.is_int & (lsn.text.try_cast("long") >= 0)) | (
         lsn.is_string & (pg | mssql | decimal)
     )
     return F.lpad(key, LSN_KEY_WIDTH, "0"), recognised
