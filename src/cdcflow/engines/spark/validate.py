@@ -14,8 +14,9 @@ exactly. Every other line gets a reason, and the engine hands it to the shared P
 (:func:`cdcflow.plan.rules.validate_record`) for the final reason and detail. These are the
 exceptions, not the hot path: rejected lines (quarantine), and lines this rendering does not decide
 (reason ``UNDECIDED``): numbers with a fraction or exponent or wider than 64 bits, escaped control
-characters or surrogates, timestamps outside the ``YYYY-MM-DD[T ]hh:mm:ss[.f*][Z|±hh:mm]`` /
-epoch-milliseconds shapes, and LSNs beyond 64 bits.
+characters or surrogates, characters both in U+E000..U+FFFF and above U+FFFF (key order),
+timestamps outside the ``YYYY-MM-DD[T ]hh:mm:ss[.f*][Z|±hh:mm]`` / epoch-milliseconds shapes,
+and LSNs beyond 64 bits.
 
 Line splitting follows :func:`cdcflow.sources.files.read_records`: lines end at ``\\n``, trailing
 ``\\r``/``\\n`` are removed, lines holding only ASCII whitespace are skipped, numbering is 1-based.
@@ -48,6 +49,9 @@ _EPOCH_TEXT = r"^-?[0-9]{10,15}$"
 #: Spark decodes lossily (surrogates).
 _HARD_ESCAPES = r"\\u(00[01]|[dD][89a-fA-F])"
 _INEXACT_NUMBERS = "DOUBLE|FLOAT|DECIMAL"
+#: Characters U+E000..U+FFFF and above U+FFFF in one line: object keys might then sort
+#: differently in UTF-16 (Spark's variant) and in code points (the canonical JSON of the hash).
+_MIXED_PLANES = ("[\\x{E000}-\\x{FFFF}]", "[\\x{10000}-\\x{10FFFF}]")
 #: Epoch-millisecond range decided here: years 1000 to 9999.
 _MIN_MS, _MAX_MS = -30_610_224_000_000, 253_402_300_799_999
 
