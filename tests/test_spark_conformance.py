@@ -123,21 +123,31 @@ def test_scenarios_match_local_engine(spark: Any, tmp_path: Path, mode: str) -> 
         assert other.table(name).schema == local.table(name).schema
 
 
-def test_interop_local_then_spark_then_local(spark: Any, tmp_path: Path) -> None:
+def test_interop_engines_take_turns(spark: Any, tmp_path: Path) -> None:
+    """local → Spark → local → Spark on one lakehouse and checkpoint equals local alone."""
     runs = workload("soft")
+    later = [
+        [[ev("E50", "C-1", "UPDATE", "0/90", minutes_ago=1, city="X")]],
+        [[ev("E51", "C-2", "UPDATE", 400, minutes_ago=1, city="Y")], ["{broken"]],
+    ]
     reference = Lake(tmp_path / "reference")
-    run_workload(
-        reference, [*runs, [[ev("E50", "C-1", "UPDATE", "0/90", minutes_ago=1, city="X")]]]
-    )
+    run_workload(reference, [*runs, *later])
 
     mixed = Lake(tmp_path / "mixed")
     run_workload(mixed, runs[:1])  # local engine starts the tables
     mixed.config.pipeline.engine = "spark"
     run_workload(mixed, runs[1:])  # Spark continues them
     mixed.config.pipeline.engine = "local"
-    run_workload(mixed, [[[ev("E50", "C-1", "UPDATE", "0/90", minutes_ago=1, city="X")]]])
+    run_workload(mixed, later[:1])  # local continues after Spark
+    mixed.config.pipeline.engine = "spark"
+    run_workload(mixed, later[1:])  # and Spark again: new batch id, the local file skipped
     same_tables(reference, mixed)
-    assert mixed.table("audit/batch_log").sort("batch_id")["batch_id"].to_list() == [0, 1, 2]
+    log = mixed.table("audit/batch_log").sort("batch_id")
+    assert log["batch_id"].to_list() == [0, 1, 2, 3]
+    assert (
+        log["files"].to_list()
+        == reference.table("audit/batch_log").sort("batch_id")["files"].to_list()
+    )
     assert (
         mixed.table("bronze/customer_events").height
         == reference.table("bronze/customer_events").height

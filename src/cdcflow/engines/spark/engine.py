@@ -9,10 +9,12 @@ version = batch id (writer options ``txnAppId``/``txnVersion``; the session conf
 the table already holds that version, so a batch re-run from the Spark checkpoint writes nothing
 twice.
 
-Batch ids continue the pipeline's checkpoint (``checkpoint.location``): the first Spark batch
-gets the next id after the local engine's last batch, and every Spark batch is recorded in that
-offset/commit log too, so the local engine continues after Spark (and skips its files). Spark's
-own streaming checkpoint lives in ``<checkpoint.location>/spark``.
+Batch ids continue the pipeline's checkpoint (``checkpoint.location``): each Spark micro-batch
+gets the next id after the last batch of either engine (the mapping is persisted in
+``<checkpoint.location>/spark/cdcflow_batch_ids.json`` before the batch writes anything, so a
+re-run keeps its id), and is recorded in that offset/commit log too; files any batch of either
+engine took are skipped. So the engines can take turns any number of times. Spark's own streaming
+checkpoint lives in ``<checkpoint.location>/spark``.
 
 Cross-batch state is read from Delta (Bronze for duplicates, Silver/tombstones for the MERGE and
 outcomes), never kept in driver memory; the driver only collects per-batch counts and the file
@@ -89,6 +91,7 @@ class SparkEngine:
         check_pattern(self.spark, config.processing.customer_id_pattern)
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
+        self._ids_file = self.spark_checkpoint / "cdcflow_batch_ids.json"
         self._stop = threading.Event()
         self._cached: list[DataFrame] = []  # per-batch caches, released when the batch ends
         self._on_batch: Callable[[BatchReport], None] = lambda report: None
@@ -106,21 +109,36 @@ class SparkEngine:
         self._stop.set()
 
     # ------------------------------------------------------------------ streaming loop
-    def _base_batch_id(self) -> int:
-        """First batch id of the Spark stream (persisted, so restarts keep the mapping)."""
-        self.spark_checkpoint.mkdir(parents=True, exist_ok=True)
-        marker = self.spark_checkpoint / "cdcflow_base_batch.json"
-        if marker.exists():
-            return int(json.loads(marker.read_text(encoding="utf-8"))["base_batch_id"])
+    def _batch_ids(self) -> dict[str, int]:
+        """Spark micro-batch id → pipeline batch id, for every Spark batch given an id so far."""
+        if not self._ids_file.exists():
+            return {}
+        data: dict[str, int] = json.loads(self._ids_file.read_text(encoding="utf-8"))
+        return data
+
+    def _allocate_batch_id(self, spark_batch_id: int) -> int:
+        """Give a Spark micro-batch the next id of the shared checkpoint, persisted first.
+
+        The id follows the last batch of either engine, so the engines can take turns any number
+        of times; a re-run of the Spark batch (restart from Spark's checkpoint) finds its id here.
+
+        Raises:
+            CheckpointError: a micro-batch of the other engine is uncommitted.
+        """
         if self.checkpoint.pending() is not None:
             raise CheckpointError(
                 f"{self.checkpoint.root}: a local-engine micro-batch is uncommitted; "
                 "finish it with pipeline.engine: local before switching to spark"
             )
         last = self.checkpoint.last_batch()
-        base = 0 if last is None else last + 1
-        marker.write_text(json.dumps({"base_batch_id": base}), encoding="utf-8")
-        return base
+        batch_id = 0 if last is None else last + 1
+        ids = self._batch_ids()
+        ids[str(spark_batch_id)] = batch_id
+        self.spark_checkpoint.mkdir(parents=True, exist_ok=True)
+        tmp = self._ids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ids), encoding="utf-8")
+        tmp.replace(self._ids_file)
+        return batch_id
 
     def run_stream(self, trigger: Trigger, on_batch: Callable[[BatchReport], None]) -> None:
         """Run the Structured Streaming query per the trigger.
@@ -133,7 +151,6 @@ class SparkEngine:
             CdcflowError: a micro-batch failed (the original error is re-raised).
         """
         self._on_batch = on_batch
-        self._base = self._base_batch_id()
         self._error: BaseException | None = None
         Path(self.config.source.path).mkdir(parents=True, exist_ok=True)
         stream = (
@@ -179,7 +196,7 @@ class SparkEngine:
 
     def _guarded_batch(self, frame: DataFrame, spark_batch_id: int) -> None:
         try:
-            self._process(frame, self._base + spark_batch_id)
+            self._process(frame, spark_batch_id)
         except BaseException as exc:
             self._error = exc
             raise
@@ -221,7 +238,7 @@ class SparkEngine:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.config.table_uri(spec.name))
 
-    def _process(self, frame: DataFrame, batch_id: int) -> None:
+    def _process(self, frame: DataFrame, spark_batch_id: int) -> None:
         from pyspark import StorageLevel
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -234,15 +251,22 @@ class SparkEngine:
         if not meta:
             return
         processing_time = meta[0]["_processing_time"].replace(tzinfo=UTC)
-        done_elsewhere = self._files_of_earlier_batches(batch_id)
+        batch_id = self._batch_ids().get(str(spark_batch_id))  # set: a re-run of this batch
+        taken = self.checkpoint.processed_paths()  # files of every batch of either engine
+        if batch_id is not None and (self.checkpoint.offsets_dir / f"{batch_id}.json").exists():
+            taken -= {f.path for f in self.checkpoint.offsets(batch_id).files}
         files = sorted(
             (
                 LandingFile(local_path(r["path"]), int(r["length"]), _ns(r["modificationTime"]))
                 for r in meta
-                if local_path(r["path"]) not in done_elsewhere
+                if local_path(r["path"]) not in taken
             ),
             key=lambda f: (f.mtime_ns, f.name),
         )
+        if batch_id is None:
+            if not files:  # only files the other engine already took: nothing to do
+                return
+            batch_id = self._allocate_batch_id(spark_batch_id)
         offsets = BatchOffsets(batch_id, processing_time, tuple(files))
         if not self.checkpoint.is_committed(batch_id):
             self.checkpoint.write_offsets(offsets)
@@ -538,14 +562,6 @@ class SparkEngine:
             .mapInArrow(partial(check_lines, **params), RECORD_DDL)
         )
         return accepted.unionByName(others).unionByName(whole)
-
-    def _files_of_earlier_batches(self, batch_id: int) -> set[str]:
-        """Landing files already taken by an earlier batch of the shared checkpoint."""
-        paths: set[str] = set()
-        for earlier in range(self._base):  # batches of the local engine before this stream
-            if earlier < batch_id and (self.checkpoint.offsets_dir / f"{earlier}.json").exists():
-                paths.update(f.path for f in self.checkpoint.offsets(earlier).files)
-        return paths
 
     def _merge_silver(
         self, events: DataFrame, targets: DataFrame, prior_tombs: DataFrame, batch_id: int
