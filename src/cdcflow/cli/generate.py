@@ -78,7 +78,12 @@ def generate(
     ] = None,
     delete_mode: Annotated[str, typer.Option(help="Delete mode of the expected state.")] = "soft",
 ) -> None:
-    """Write realistic JSON-lines CDC event files (with duplicates, late and invalid records)."""
+    """Write realistic JSON-lines CDC event files (with duplicates, late and invalid records).
+
+    Each call writes one self-contained workload (event ids from EVT-00000001, LSNs from the
+    start): use an empty landing folder and a new lakehouse for each, since a second workload in
+    the same lakehouse reuses event ids (quarantined as DUPLICATE_EVENT_CONFLICT).
+    """
     if lsn_notation not in NOTATIONS:
         raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
     summary = write_events(
