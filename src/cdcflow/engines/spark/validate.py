@@ -342,7 +342,12 @@ def validate_lines(
     reason = (
         F.when(record.isNull(), _lit(UNDECIDED))  # invalid, or valid with duplicate keys
         .when(~F.col("_schema").startswith("OBJECT"), _lit("MALFORMED_JSON"))
-        .when(F.col("_schema").rlike(_INEXACT_NUMBERS) | raw.rlike(_HARD_ESCAPES), _lit(UNDECIDED))
+        .when(
+            F.col("_schema").rlike(_INEXACT_NUMBERS)
+            | raw.rlike(_HARD_ESCAPES)
+            | (raw.rlike(_MIXED_PLANES[0]) & raw.rlike(_MIXED_PLANES[1])),
+            _lit(UNDECIDED),
+        )
         .when(cid.blank, _lit("NULL_CUSTOMER_ID"))
         .when(~cid.is_string | ~cid.trimmed.rlike(pattern), _lit("INVALID_CUSTOMER_ID_FORMAT"))
         .when(eid.blank, _lit("NULL_EVENT_ID"))
