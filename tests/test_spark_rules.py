@@ -10,6 +10,7 @@ a realistic workload must be decided entirely by the column rules.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
-from cdcflow.plan.rules import Rejection, validate_record
+from cdcflow.plan.rules import Rejection, RuleSet, validate_record
 from tests.test_rules import NOW, RULES, good
 
 pytestmark = pytest.mark.spark
@@ -27,19 +28,19 @@ pytestmark = pytest.mark.spark
 LINE_DDL = "source_file string, source_line long, file_mtime_ms long, file_name string, raw string"
 
 
-def compare(spark: Any, raws: list[str]) -> tuple[int, int]:
+def compare(spark: Any, raws: list[str], rules: RuleSet = RULES) -> tuple[int, int]:
     """Validate ``raws`` both ways; assert agreement. Returns (decided, undecided) counts."""
     from cdcflow.engines.spark.validate import UNDECIDED, validate_lines
 
     rows = [("/l/f.jsonl", i + 1, 0, "f.jsonl", raw) for i, raw in enumerate(raws)]
     lines = spark.createDataFrame(rows, LINE_DDL)
-    pattern = RULES.customer_id_pattern.pattern
-    native = validate_lines(lines, pattern, NOW, RULES.max_clock_skew)
+    pattern = rules.customer_id_pattern.pattern
+    native = validate_lines(lines, pattern, NOW, rules.max_clock_skew)
     out = native.orderBy("source_line").collect()
     assert len(out) == len(raws)
     undecided = 0
     for raw, row in zip(raws, out, strict=True):
-        expected = validate_record(raw, RULES)
+        expected = validate_record(raw, rules)
         if row.reason == UNDECIDED:
             undecided += 1
             continue
@@ -139,7 +140,11 @@ def test_reason_codes_and_values_agree(spark: Any) -> None:
     assert decided >= len(raws) - 8  # only unusual timestamps/JSON shapes are left to Python
     # keys that sort differently in UTF-16 and in code points: left to the Python rules
     mixed = json.dumps(good(**{"\ue000": 1, "\U0001f600": 2}), ensure_ascii=False)
-    assert compare(spark, [mixed]) == (0, 1)
+    escaped = json.dumps(good(**{"\U0001f600": 2}), ensure_ascii=False)[:-1] + ', "\\ue000": 1}'
+    # numbers inside mixed arrays (canonical text differs between JSON writers), deep nesting
+    arrays = [json.dumps(good(extra=["x", n])) for n in (1.0, 1.5e-7, -0.0, 10**30)]
+    deep = json.dumps(good())[:-1] + ', "x": ' + "[" * 995 + "]" * 995 + "}"
+    assert compare(spark, [mixed, escaped, *arrays, deep]) == (0, 7)
 
 
 @pytest.mark.slow
@@ -223,6 +228,25 @@ def messy_records(draw: st.DrawFn) -> str:
 @given(st.lists(messy_records(), min_size=120, max_size=120))
 def test_messy_records_agree(spark: Any, raws: list[str]) -> None:
     compare(spark, raws)
+
+
+def test_split_lines_matches_the_python_reader(spark: Any) -> None:
+    from cdcflow.engines.spark.parse import _lines
+    from cdcflow.engines.spark.validate import split_lines
+
+    content = "a\r\n\u2028\n \u0085\r\n\nX\r\u0085\n  \t\nlast".encode()
+    files = spark.createDataFrame(
+        [("/l/f.jsonl", 0, content)], "source_file string, file_mtime_ms long, content binary"
+    )
+    got = [(r.source_line, r.raw) for r in split_lines(files).orderBy("source_line").collect()]
+    want = [(n, data.decode()) for n, data, _ in _lines("/l/f.jsonl", content) if data]
+    assert got == want
+
+
+def test_unicode_classes_in_the_pattern_match_as_in_python(spark: Any) -> None:
+    raws = [json.dumps(good(customer_id=c)) for c in ("C\u00a0X", "C-\u0663", "C-\u00e9", "CX")]
+    for pattern in (r"^\S+$", r"^C-\d+$", r"^C-\W+$", r"^C-\w+$"):
+        compare(spark, raws, RuleSet(re.compile(pattern), NOW, RULES.max_clock_skew))
 
 
 def test_python_only_pattern_syntax_is_a_config_error(spark: Any) -> None:

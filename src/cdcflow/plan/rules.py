@@ -224,11 +224,16 @@ def validate_record(raw: bytes | str, rules: RuleSet) -> CdcEvent | Rejection:
         return Rejection("MALFORMED_JSON", f"unprocessable record ({type(exc).__name__})")
 
 
-def _has_float(record: dict[str, Any]) -> bool:
-    """True when orjson produced a float (a fraction/exponent, or an integer above 64 bits)."""
-    metadata = record.get("metadata")
-    values = list(record.values()) + (list(metadata.values()) if isinstance(metadata, dict) else [])
-    return any(isinstance(v, float) for v in values)
+def _has_float(value: Any) -> bool:
+    """True when orjson produced a float anywhere in the value (a fraction/exponent, or an
+    integer above 64 bits, which orjson turns into a float)."""
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
 
 
 def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Rejection:

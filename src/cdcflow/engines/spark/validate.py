@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 UNDECIDED = "UNDECIDED"
 
 _WS = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]"
-_STRIP = f"^{_WS}+|{_WS}+$"
+_STRIP = f"^{_WS}+|{_WS}+\\z"
 _ISO = (
     r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-9]{2})"
     r"(?:\.([0-9]+))?(Z|[+-][0-9]{2}:[0-9]{2})?$"
@@ -48,10 +48,17 @@ _EPOCH_TEXT = r"^-?[0-9]{10,15}$"
 #: JSON escapes whose canonical form differs between JSON writers (control characters) or that
 #: Spark decodes lossily (surrogates).
 _HARD_ESCAPES = r"\\u(00[01]|[dD][89a-fA-F])"
-_INEXACT_NUMBERS = "DOUBLE|FLOAT|DECIMAL"
+#: Variant types whose canonical JSON text may differ between writers: fractions/exponents,
+#: integers beyond 64 bits, and VARIANT (a mixed array, whose elements the schema does not show).
+_INEXACT_NUMBERS = "DOUBLE|FLOAT|DECIMAL|VARIANT"
+#: Nesting depth (``<`` in the schema) above which the Python parser's recursion limit may apply.
+_MAX_DEPTH = 64
 #: Characters U+E000..U+FFFF and above U+FFFF in one line: object keys might then sort
 #: differently in UTF-16 (Spark's variant) and in code points (the canonical JSON of the hash).
-_MIXED_PLANES = ("[\\x{E000}-\\x{FFFF}]", "[\\x{10000}-\\x{10FFFF}]")
+_MIXED_PLANES = (
+    "[\\x{E000}-\\x{FFFF}]|\\\\u[eEfF][0-9a-fA-F]{3}",  # the character, or its JSON escape
+    "[\\x{10000}-\\x{10FFFF}]",
+)
 #: Epoch-millisecond range decided here: years 1000 to 9999.
 _MIN_MS, _MAX_MS = -30_610_224_000_000, 253_402_300_799_999
 
@@ -145,7 +152,7 @@ class _Field:
 
 def java_pattern(customer_id_pattern: str) -> str:
     """``processing.customer_id_pattern`` as a Java regex that must match the whole value."""
-    return f"^(?:{customer_id_pattern})\\z"
+    return f"(?U)^(?:{customer_id_pattern})\\z"
 
 
 def check_pattern(spark: SparkSession, customer_id_pattern: str) -> None:
@@ -181,12 +188,13 @@ def split_lines(files: DataFrame) -> DataFrame:
         "file_mtime_ms",
         F.posexplode(F.split(F.col("content").cast("string"), "\n", -1)).alias("pos", "line"),
     )
-    return lines.filter(~F.col("line").rlike(r"^[ \t\n\r\x0B\f]*$")).select(
+    # \z, not $: Java's $ also matches before a final \u0085/\u2028/\u2029
+    return lines.filter(~F.col("line").rlike(r"^[ \t\n\r\x0B\f]*\z")).select(
         "source_file",
         (F.col("pos") + 1).cast("long").alias("source_line"),
         "file_mtime_ms",
         F.element_at(F.split("source_file", "/"), -1).alias("file_name"),
-        F.regexp_replace("line", "[\r\n]+$", "").alias("raw"),
+        F.regexp_replace("line", "[\r\n]+\\z", "").alias("raw"),
     )
 
 
@@ -345,7 +353,11 @@ def validate_lines(
         .when(
             F.col("_schema").rlike(_INEXACT_NUMBERS)
             | raw.rlike(_HARD_ESCAPES)
-            | (raw.rlike(_MIXED_PLANES[0]) & raw.rlike(_MIXED_PLANES[1])),
+            | (raw.rlike(_MIXED_PLANES[0]) & raw.rlike(_MIXED_PLANES[1]))
+            | (
+                F.length("_schema") - F.length(F.regexp_replace("_schema", "<", ""))
+                > _lit(_MAX_DEPTH)
+            ),
             _lit(UNDECIDED),
         )
         .when(cid.blank, _lit("NULL_CUSTOMER_ID"))
