@@ -59,7 +59,8 @@ class BatchOffsets:
         )
 
 
-def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
+def write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (temp file, fsync, rename)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=1)
@@ -124,12 +125,12 @@ class Checkpoint:
     def write_offsets(self, offsets: BatchOffsets) -> None:
         """Write-ahead the offsets of a batch (atomic rename)."""
         self._ensure()
-        _write_atomic(self.offsets_dir / f"{offsets.batch_id}.json", offsets.to_json())
+        write_atomic(self.offsets_dir / f"{offsets.batch_id}.json", offsets.to_json())
 
     def write_commit(self, batch_id: int, info: dict[str, Any]) -> None:
         """Mark a batch committed (atomic rename)."""
         self._ensure()
-        _write_atomic(self.commits_dir / f"{batch_id}.json", {"batch_id": batch_id, **info})
+        write_atomic(self.commits_dir / f"{batch_id}.json", {"batch_id": batch_id, **info})
 
     @contextmanager
     def lock(self) -> Iterator[None]:

@@ -53,7 +53,7 @@ from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, s
 from cdcflow.report import BatchReport
 from cdcflow.signals import stop_on_signals
 from cdcflow.sources.files import LandingFile
-from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
+from cdcflow.state.checkpoint import BatchOffsets, Checkpoint, write_atomic
 from cdcflow.state.faults import crash_point
 
 if TYPE_CHECKING:
@@ -135,9 +135,7 @@ class SparkEngine:
         ids = self._batch_ids()
         ids[str(spark_batch_id)] = batch_id
         self.spark_checkpoint.mkdir(parents=True, exist_ok=True)
-        tmp = self._ids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(ids), encoding="utf-8")
-        tmp.replace(self._ids_file)
+        write_atomic(self._ids_file, ids)
         return batch_id
 
     def run_stream(self, trigger: Trigger, on_batch: Callable[[BatchReport], None]) -> None:
