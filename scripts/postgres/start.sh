@@ -16,7 +16,16 @@ DATA="${CDCFLOW_PG_DATA:-./.pgdata}"
 PORT="${CDCFLOW_PG_PORT:-55432}"
 DB="${CDCFLOW_PG_DB:-cdcflow}"
 mkdir -p "$DATA"
-DATA="$(cd "$DATA" && pwd)"
+DATA="$(cd "$DATA" && pwd -P)"
+if [ "$(id -u)" -eq 0 ] && ! runuser -u postgres -- test -x "$(dirname "$DATA")"; then
+  # the postgres user cannot reach the folder (e.g. a checkout under a private `mktemp -d`):
+  # keep the data where it can, and leave a symlink at the requested path
+  alt="/var/tmp/cdcflow-pgdata-$(printf '%s' "$DATA" | sha1sum | cut -c1-12)"
+  mkdir -p "$alt"
+  rmdir "$DATA"
+  ln -s "$alt" "$DATA"
+  DATA="$alt"
+fi
 
 if [ ! -x "$PGBIN/pg_ctl" ]; then
   echo "postgres: $PGBIN/pg_ctl not found; run scripts/postgres/install.sh first" >&2

@@ -9,6 +9,7 @@ if [ ! -f "$DATA/PG_VERSION" ]; then
   echo "postgres: no data folder at $DATA"
   exit 0
 fi
+DATA="$(cd "$DATA" && pwd -P)"  # start.sh may have placed it behind a symlink
 as_pg() {
   if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
@@ -20,5 +21,6 @@ else
 fi
 if [ "${1:-}" = "--purge" ]; then
   rm -rf "$DATA"
+  [ -L "${CDCFLOW_PG_DATA:-./.pgdata}" ] && rm -f "${CDCFLOW_PG_DATA:-./.pgdata}"
   echo "postgres: removed $DATA"
 fi
