@@ -107,16 +107,16 @@ def step_run(ctx: DemoContext) -> tuple[bool, str]:
 
 def step_reconcile(ctx: DemoContext) -> tuple[bool, str]:
     """Silver vs the expected state; quarantine counts per reason vs the expected counts."""
-    import polars as pl
     from deltalake import DeltaTable
 
     from cdcflow.cli.reconcile import print_report, run_reconcile
+    from cdcflow.engines.local.delta import scan_table
 
     report = run_reconcile(ctx.config, expected=ctx.data["expected"])
     print_report(report)
-    quarantine = pl.scan_delta(
-        DeltaTable(ctx.config.table_uri("quarantine/customer_events"))
-    ).select("failure_reason")
+    quarantine = scan_table(DeltaTable(ctx.config.table_uri("quarantine/customer_events"))).select(
+        "failure_reason"
+    )
     got = quarantine.group_by("failure_reason").len().collect()
     reasons = dict(zip(got["failure_reason"].to_list(), got["len"].to_list(), strict=True))
     quarantine_ok = reasons == ctx.data["counts"]["quarantine"]
@@ -147,11 +147,12 @@ def step_gold(ctx: DemoContext) -> tuple[bool, str]:
     from deltalake import DeltaTable
 
     from cdcflow.cli.maintenance import print_gold
+    from cdcflow.engines.local.delta import arrow_dataset
     from cdcflow.layers.gold import GOLD_TABLES
 
     print_gold(ctx.config, console)
     rows = {
-        spec.name: DeltaTable(ctx.config.table_uri(spec.name)).to_pyarrow_dataset().count_rows()
+        spec.name: arrow_dataset(DeltaTable(ctx.config.table_uri(spec.name))).count_rows()
         for spec in GOLD_TABLES
     }
     return all(rows.values()), ", ".join(f"{name}: {n} rows" for name, n in rows.items())

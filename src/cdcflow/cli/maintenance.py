@@ -20,13 +20,14 @@ def print_gold(cfg: CdcflowConfig, console: Console) -> None:
     """Print the Gold tables (all but ``gold/active_customers``, one row per customer)."""
     from deltalake import DeltaTable
 
+    from cdcflow.engines.local.delta import read_arrow
     from cdcflow.layers.gold import ACTIVE_CUSTOMERS, GOLD_TABLES
 
     for spec in GOLD_TABLES:
         if spec is ACTIVE_CUSTOMERS:
             continue
         delta = DeltaTable(cfg.table_uri(spec.name), storage_options=cfg.storage.options or None)
-        data = delta.to_pyarrow_table()
+        data = read_arrow(delta)
         table = Table(title=f"{spec.name} ({data.num_rows} rows)")
         for name in data.column_names:
             table.add_column(name)

@@ -35,10 +35,12 @@ def read_silver(config: CdcflowConfig) -> pl.DataFrame:
     """Silver's public columns at its latest version (one row per customer_id)."""
     from deltalake import DeltaTable
 
+    from cdcflow.engines.local.delta import scan_table
+
     table = DeltaTable(
         config.table_uri("silver/customers"), storage_options=config.storage.options or None
     )
-    return pl.scan_delta(table).select(list(SILVER_COLUMNS)).collect()
+    return scan_table(table).select(list(SILVER_COLUMNS)).collect()
 
 
 def read_snowflake(config: CdcflowConfig) -> pl.DataFrame:

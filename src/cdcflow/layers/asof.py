@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import scan_table
 from cdcflow.errors import TableError
 from cdcflow.layers.tables import HISTORY, SILVER
 from cdcflow.plan.reference import SILVER_COLUMNS
@@ -55,7 +56,7 @@ def customer_state_as_of(
         TableError: the history table does not exist.
     """
     instant = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
-    history = pl.scan_delta(_open(config, HISTORY.name))
+    history = scan_table(_open(config, HISTORY.name))
     versions = _customer_filter(history, customer_id).filter(pl.col("valid_from") <= instant)
     state = versions.sort("sequence").group_by("customer_id").last()
     if config.processing.delete_mode == "hard":
@@ -76,7 +77,7 @@ def silver_at_version(
     """
     table = _open(config, SILVER.name, version)
     try:
-        frame = _customer_filter(pl.scan_delta(table), customer_id)
+        frame = _customer_filter(scan_table(table), customer_id)
         return frame.select(SILVER_COLUMNS).sort("customer_id").collect()
     except (DeltaError, OSError, pl.exceptions.ComputeError) as exc:
         raise TableError(f"{SILVER.name}: cannot read version {version} ({exc})") from exc

@@ -3,18 +3,60 @@
 delta-rs records app transactions (``txn`` actions: app id + version) but does not enforce them,
 so every write first reads the table's version for its app id and skips itself when the table
 already holds that version (Delta protocol, "Transaction Identifiers").
+
+Reads: every read of a Delta table's rows goes through :func:`scan_table` (lazy Polars) or
+:func:`read_arrow` (eager PyArrow). delta-rs reports a table's files as URIs whose root is
+percent-encoded (a storage root ``/data/sp ace`` gives ``/data/sp%20ace/...``) and Polars' native
+Delta scan opens those strings literally, so a root with a space or a non-ASCII character would
+read nothing but ``FileNotFoundError``. :func:`scan_table` keeps the native scan when the table's
+URI has no escape and otherwise reads through delta-rs' own dataset, which resolves the paths of
+local and object-store tables itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
+from cdcflow.errors import ConfigError
 from cdcflow.layers.tables import TableSpec
+
+
+def local_path(uri: str) -> Path | None:
+    """The local file-system path of a table URI, or None for an object-store URI."""
+    if uri.startswith("file://"):
+        from urllib.parse import unquote, urlsplit
+
+        return Path(unquote(urlsplit(uri).path))
+    if "://" in uri:
+        return None
+    return Path(uri)
+
+
+def unwritable_root(uri: str, exc: BaseException) -> ConfigError:
+    """The configuration error for a table that cannot be created under ``storage.root``.
+
+    For a local path the reason is found by creating the table's folder (e.g. ``Not a
+    directory: '/data/file'`` or ``Permission denied: '/data/ro/lake'``); otherwise the error
+    of delta-rs (its first line).
+    """
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    path = local_path(uri)
+    if path is not None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                reason = f"Permission denied: '{path}'"
+        except OSError as err:
+            reason = f"{err.strerror}: '{err.filename}'" if err.filename else str(err)
+    return ConfigError(f"storage.root: cannot create Delta table {uri} ({reason})")
 
 
 class DeltaStore:
@@ -30,14 +72,17 @@ class DeltaStore:
         try:
             DeltaTable(uri, storage_options=self.storage_options)
         except TableNotFoundError:
-            DeltaTable.create(
-                uri,
-                schema=spec.schema,
-                partition_by=list(spec.partition_by) or None,
-                configuration=spec.configuration or None,
-                mode="ignore",
-                storage_options=self.storage_options,
-            )
+            try:
+                DeltaTable.create(
+                    uri,
+                    schema=spec.schema,
+                    partition_by=list(spec.partition_by) or None,
+                    configuration=spec.configuration or None,
+                    mode="ignore",
+                    storage_options=self.storage_options,
+                )
+            except Exception as exc:  # delta-rs raises TableNotFoundError, OSError, DeltaError
+                raise unwritable_root(uri, exc) from exc
 
     def table(self, spec: TableSpec) -> DeltaTable:
         """Open the latest version of a table."""
@@ -75,8 +120,124 @@ def append_once(
 
 
 def scan_table(table: DeltaTable) -> pl.LazyFrame:
-    """Lazy Polars scan of the table's loaded version."""
-    return pl.scan_delta(table)
+    """Lazy Polars scan of the table's loaded version: the one way to read a Delta table.
+
+    Polars' native Delta scan opens the strings of ``DeltaTable.file_uris()`` literally; their
+    table root is percent-encoded (``/data/sp%20ace/...``), so it only finds the files when the
+    table's URI has no ``%`` escape. Otherwise:
+
+    * a local table is scanned natively from the exact file paths (the decoded root followed by
+      each file's path relative to it, which is already the name on disk);
+    * an object-store table is streamed from delta-rs' own PyArrow dataset, which resolves the
+      URIs itself (no Delta statistics file skipping there).
+
+    Args:
+        table: the table at the version to read.
+
+    Returns:
+        A lazy frame of every row of that version (same columns and types as ``pl.scan_delta``).
+    """
+    uri = table.table_uri
+    if "%" not in uri:
+        return pl.scan_delta(table)
+    if uri.startswith("file://") and not _has_deletion_vectors(table):
+        paths = _local_file_paths(table)
+        if paths is not None:
+            return _scan_local(table, paths)
+    return _scan_via_delta_rs(table)
+
+
+def _has_deletion_vectors(table: DeltaTable) -> bool:
+    features = table.protocol().reader_features
+    return features is not None and "deletionVectors" in features
+
+
+def _local_file_paths(table: DeltaTable) -> list[str] | None:
+    """The data files of a local table as file-system paths (None: a file outside its root)."""
+    from urllib.parse import unquote
+
+    encoded = table.table_uri.removeprefix("file://").rstrip("/") + "/"
+    decoded = unquote(encoded)
+    paths = []
+    for uri in table.file_uris():
+        if not uri.startswith(encoded):
+            return None
+        paths.append(decoded + uri[len(encoded) :])
+    return paths
+
+
+def _scan_local(table: DeltaTable, paths: list[str]) -> pl.LazyFrame:
+    """Native Parquet scan of a local table's files, with the options of ``pl.scan_delta``."""
+    from polars.io.scan_options.cast_options import ScanCastOptions
+
+    schema = pl.Schema(table.schema())
+    partitions = set(table.metadata().partition_columns)
+    if not paths:
+        return pl.LazyFrame(schema=schema)
+    scan = pl.scan_parquet(
+        paths,
+        hive_schema=pl.Schema({k: v for k, v in schema.items() if k in partitions})
+        if partitions
+        else None,
+        hive_partitioning=bool(partitions),
+        cast_options=ScanCastOptions._default_iceberg(),
+        missing_columns="insert",
+        extra_columns="ignore",
+    )
+    return scan.select(list(schema))
+
+
+def _scan_via_delta_rs(table: DeltaTable) -> pl.LazyFrame:
+    """Stream the table's rows from delta-rs' PyArrow dataset (it resolves every URI itself)."""
+    from polars.io.plugins import register_io_source
+
+    schema = pl.Schema(table.schema())
+    dataset = arrow_dataset(table)
+
+    def batches(
+        with_columns: list[str] | None,
+        predicate: pl.Expr | None,
+        n_rows: int | None,
+        batch_size: int | None,
+    ) -> Iterator[pl.DataFrame]:
+        left = n_rows
+        for batch in dataset.to_batches(columns=with_columns, batch_size=batch_size or 131_072):
+            frame = pl.DataFrame(pl.from_arrow(batch))
+            frame = frame.cast({k: schema[k] for k in frame.columns})
+            if predicate is not None:
+                frame = frame.filter(predicate)
+            if left is not None:
+                frame = frame.head(left)
+                left -= frame.height
+            yield frame
+            if left is not None and left <= 0:
+                return
+
+    return register_io_source(batches, schema=schema, is_pure=True)
+
+
+def read_arrow(table: DeltaTable, columns: Sequence[str] | None = None) -> pa.Table:
+    """Eager PyArrow read of the table's loaded version (Arrow types kept as stored).
+
+    Reads through delta-rs' own dataset, which resolves percent-encoded file URIs (see
+    :func:`scan_table`).
+
+    Args:
+        table: the table at the version to read.
+        columns: the columns to read (None: all).
+
+    Returns:
+        Every row of that version.
+    """
+    return arrow_dataset(table).to_table(columns=None if columns is None else list(columns))
+
+
+def arrow_dataset(table: DeltaTable) -> ds.Dataset:
+    """delta-rs' PyArrow dataset of the table's loaded version, for streamed reads.
+
+    delta-rs resolves the (percent-encoded) file URIs of local and object-store tables itself.
+    """
+    return table.to_pyarrow_dataset()
 
 
 def read_where_in(

@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.connection import connect
 from cdcflow.sinks.snowflake.sync import ensure_tables, gold_table_exists, open_delta, to_polars
@@ -170,7 +171,7 @@ def _combined(hashes: dict[str, str]) -> str:
 
 def _silver_rows(config: CdcflowConfig) -> tuple[int, dict[str, dict[str, Any]]]:
     table = open_delta(config, SILVER_TABLE)
-    frame = to_polars(table.to_pyarrow_table(columns=list(PUBLIC_COLUMNS)))
+    frame = to_polars(read_arrow(table, PUBLIC_COLUMNS))
     rows = {
         r["customer_id"]: {c: _norm(r[c]) for c in PUBLIC_COLUMNS}
         for r in frame.iter_rows(named=True)
@@ -211,7 +212,7 @@ def compare_rows(
 
 def _compare_gold(config: CdcflowConfig, cur: Any, name: str, target: str) -> TableComparison:
     comparison = TableComparison(name, target)
-    data = open_delta(config, name).to_pyarrow_table()
+    data = read_arrow(open_delta(config, name))
     columns = [f.name for f in data.schema]
     ts_cols = {f.name for f in data.schema if str(f.type).startswith("timestamp")}
     select = ", ".join(

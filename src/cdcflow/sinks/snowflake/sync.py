@@ -37,6 +37,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import CdcflowError, TableError
 from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.connection import connect, target_of
@@ -265,7 +266,7 @@ def read_changes(table: DeltaTable, from_version: int, to_version: int) -> pl.Da
 def read_snapshot(table: DeltaTable, version: int) -> pl.DataFrame:
     """The public Silver columns at ``version`` as ``UPSERT`` rows (full refresh)."""
     table.load_as_version(version)
-    frame = to_polars(table.to_pyarrow_table(columns=list(PUBLIC_COLUMNS)))
+    frame = to_polars(read_arrow(table, PUBLIC_COLUMNS))
     return frame.select(pl.lit("UPSERT").alias("CHANGE_KIND"), *PUBLIC_COLUMNS)
 
 
@@ -431,7 +432,7 @@ def sync_gold_table(
     """
     gold = open_delta(config, name)
     version = gold.version()
-    data = gold.to_pyarrow_table()
+    data = read_arrow(gold)
     try:
         cols = [(f.name.upper(), arrow_to_sf(f.type)) for f in data.schema]
     except TypeError as exc:
