@@ -108,6 +108,9 @@ class PostgresSourceSection(_Section):
 class SourceSection(_Section):
     """``source``: landing folder of JSON-lines files and the micro-batch size limit.
 
+    ``min_file_age``: a landing file modified more recently than this is left for a later
+    trigger (for writers that append in place instead of renaming a finished file; 0 = off).
+
     ``type: postgres`` stages the changes of a PostgreSQL replication slot into the landing
     folder before each micro-batch (settings in ``postgres``; see ``cdcflow.sources.postgres``).
     """
@@ -116,6 +119,7 @@ class SourceSection(_Section):
     format: Literal["flat"] = "flat"
     path: str = "./landing"
     max_files_per_trigger: int = Field(default=1000, ge=1)
+    min_file_age: Duration = timedelta(0)
     postgres: PostgresSourceSection = Field(default_factory=PostgresSourceSection)
 
 

@@ -7,6 +7,8 @@ quarantine table with a reason code (see :mod:`cdcflow.plan.rules`).
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CdcflowError(Exception):
     """Root of every cdcflow error."""
@@ -29,3 +31,27 @@ class TableError(CdcflowError):
 
 class MissingDependencyError(CdcflowError):
     """An optional dependency is not installed; the message says how to install it."""
+
+
+class LandingFileChangedError(CheckpointError):
+    """A landing file no longer holds the bytes a recorded micro-batch took from it.
+
+    Raised before anything of the batch is written, so the batch is never run on other content
+    than its first attempt. The message names the file, the batch, the recorded size and
+    SHA-256, and what to do.
+
+    Attributes:
+        path: the landing file.
+        batch_id: the micro-batch whose offsets name it (None when unknown).
+    """
+
+    def __init__(self, file: Any, batch_id: int | None, problem: str) -> None:
+        self.path = str(file.path)
+        self.batch_id = batch_id
+        batch = "a micro-batch" if batch_id is None else f"micro-batch {batch_id}"
+        digest = f", sha256 {file.sha256}" if file.sha256 else ""
+        super().__init__(
+            f"landing file {self.path} {problem}, but {batch} took its first {file.size} bytes"
+            f"{digest}; restore that content under this name and run again "
+            "(nothing of the batch was written by this attempt)"
+        )

@@ -27,7 +27,7 @@ from cdcflow.errors import ConfigError
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
 from cdcflow.signals import stop_on_signals
-from cdcflow.sources.files import list_landing
+from cdcflow.sources.files import plan_landing
 from cdcflow.sources.postgres import make_source
 from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
 from cdcflow.state.faults import crash_point
@@ -93,8 +93,18 @@ class Pipeline:
             self.source.stage(self.checkpoint)  # e.g. PostgreSQL slot changes -> landing file
         if self.source is None and not Path(self.config.source.path).is_dir():
             log.warning("landing folder does not exist", extra={"path": self.config.source.path})
-        done = self.checkpoint.processed_paths()
-        new = [f for f in list_landing(self.config.source.path) if f.path not in done]
+        now = datetime.now(UTC)
+        new, young = plan_landing(
+            self.config.source.path,
+            self.checkpoint.taken(),
+            now=now,
+            min_file_age=self.config.source.min_file_age,
+        )
+        if young:
+            log.info(
+                "landing files younger than source.min_file_age held back",
+                extra={"files": len(young)},
+            )
         if not new:
             return None
         if max_files is not None:
@@ -102,9 +112,20 @@ class Pipeline:
         last = self.checkpoint.last_batch()
         offsets = BatchOffsets(
             batch_id=0 if last is None else last + 1,
-            processing_time=datetime.now(UTC),
+            processing_time=now,
             files=tuple(new),
         )
+        for file in offsets.files:
+            if file.change != "new":
+                log.warning(
+                    f"landing file {file.change} after an earlier micro-batch took it: "
+                    + (
+                        "taking only the appended bytes"
+                        if file.change == "appended"
+                        else "taking the whole file again as new content"
+                    ),
+                    extra={"path": file.path, "batch_id": offsets.batch_id, "start": file.start},
+                )
         self.checkpoint.write_offsets(offsets)
         crash_point("after_offsets", offsets.batch_id)
         return offsets

@@ -1,36 +1,87 @@
 """Landing-folder source: ``*.jsonl`` and ``*.jsonl.gz`` files of one JSON event per line.
 
-Files are taken in order of (modification time, name), each exactly once (the checkpoint's
-offset log records which files every micro-batch took). The source never modifies or deletes a
+Files are taken in order of (modification time, name). The source never modifies or deletes a
 landing file. Producers should write a file under another name and rename it into place, so a
-half-written file is never listed. Blank lines (empty or whitespace only) are not records; line
-numbers count every line, starting at 1.
+half-written file is never listed; for writers that do not rename, ``source.min_file_age``
+holds a file back until it has not been modified for that long. Blank lines (empty or
+whitespace only) are not records; line numbers count every line, starting at 1.
+
+**What a micro-batch takes of a file** (recorded in the checkpoint's offset log, see
+:class:`LandingFile`): the byte range ``[start, size)`` as the file was listed, with the
+SHA-256 of its first ``size`` bytes. Reading never goes past ``size``, so a file that grows
+while it is read is read up to its listed size, and a re-run after a crash reads exactly the
+bytes of the first attempt — or stops with :class:`~cdcflow.errors.LandingFileChangedError`
+when those bytes are no longer there.
+
+**A file that changes after it was taken** is never skipped in silence (:func:`plan_landing`):
+
+* *appended* — the first ``size`` bytes are unchanged, the file is longer, the part already
+  taken ended with a line break and the file is not gzip: only the new bytes are taken, as a
+  new micro-batch (line numbers continue the file's own).
+* *replaced* — anything else (other content under the same name, a shorter file, a gzip file
+  that changed, a previously taken part that ended inside a line): the whole file is taken
+  again as new content. Its events go through duplicate detection like any redelivery
+  (identical copies become ``DUPLICATE``, different content under a known event id
+  ``DUPLICATE_EVENT_CONFLICT``), and a warning is logged.
+
+A file whose size, modification time and inode are unchanged is not read again.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import zlib
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from cdcflow.errors import LandingFileChangedError
 
 SUFFIXES = (".jsonl", ".jsonl.gz")
+_BLOCK = 1 << 20
+
+#: Why a file is in a micro-batch: first time seen, grown by appending, or changed otherwise.
+Change = Literal["new", "appended", "replaced"]
 
 
 @dataclass(frozen=True, slots=True)
 class LandingFile:
-    """One landing file as listed (path, size in bytes, modification time in nanoseconds)."""
+    """One landing file as a micro-batch takes it.
+
+    Attributes:
+        path: absolute path.
+        size: bytes of the file taken into account, from its start: the batch reads
+            ``[start, size)``.
+        mtime_ns: modification time when listed, in nanoseconds since the epoch.
+        start: first byte of the batch's range (0, or the size taken before for an appended
+            file).
+        sha256: hex SHA-256 of the file's first ``size`` bytes when listed (None in offset
+            logs written before fingerprints existed: only the size is checked then).
+        inode: inode number when listed (0 when unknown).
+        change: ``new``, ``appended`` or ``replaced`` (see the module docstring).
+    """
 
     path: str
     size: int
     mtime_ns: int
+    start: int = 0
+    sha256: str | None = None
+    inode: int = 0
+    change: Change = "new"
 
     @property
     def name(self) -> str:
         """File name without folder."""
         return Path(self.path).name
+
+    @property
+    def is_gzip(self) -> bool:
+        """True for a ``.gz`` file."""
+        return self.path.endswith(".gz")
 
     def to_json(self) -> dict[str, Any]:
         """Serialisable form stored in the offset log."""
@@ -38,8 +89,16 @@ class LandingFile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LandingFile:
-        """Inverse of :meth:`to_json`."""
-        return cls(path=str(data["path"]), size=int(data["size"]), mtime_ns=int(data["mtime_ns"]))
+        """Inverse of :meth:`to_json` (fields added later take their defaults)."""
+        return cls(
+            path=str(data["path"]),
+            size=int(data["size"]),
+            mtime_ns=int(data["mtime_ns"]),
+            start=int(data.get("start", 0)),
+            sha256=data.get("sha256"),
+            inode=int(data.get("inode", 0)),
+            change=data.get("change", "new"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +119,35 @@ class RawRecord:
     error: str | None = None
 
 
+def fingerprint(path: str | Path, size: int) -> tuple[str, int, bool]:
+    """SHA-256 of the first ``size`` bytes of a file.
+
+    Returns:
+        (hex digest, bytes actually read — less than ``size`` when the file is shorter, whether
+        the last byte read is a line feed).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    digest = hashlib.sha256()
+    read = 0
+    last = b""
+    with open(path, "rb") as handle:
+        while read < size:
+            block = handle.read(min(_BLOCK, size - read))
+            if not block:
+                break
+            digest.update(block)
+            read += len(block)
+            last = block[-1:]
+    return digest.hexdigest(), read, last == b"\n"
+
+
+def _listed(entry: Path) -> LandingFile:
+    stat = entry.stat()
+    return LandingFile(str(entry.resolve()), stat.st_size, stat.st_mtime_ns, inode=stat.st_ino)
+
+
 def list_landing(folder: str | Path) -> list[LandingFile]:
     """List landing files in (modification time, name) order.
 
@@ -67,31 +155,142 @@ def list_landing(folder: str | Path) -> list[LandingFile]:
         folder: the landing folder; a missing folder has no files.
 
     Returns:
-        The ``*.jsonl`` / ``*.jsonl.gz`` regular files directly in the folder.
+        The ``*.jsonl`` / ``*.jsonl.gz`` regular files directly in the folder (whole files, no
+        fingerprint).
     """
     root = Path(folder)
     if not root.is_dir():
         return []
-    files = []
-    for entry in root.iterdir():
-        if entry.name.endswith(SUFFIXES) and entry.is_file():
-            stat = entry.stat()
-            files.append(LandingFile(str(entry.resolve()), stat.st_size, stat.st_mtime_ns))
+    files = [
+        _listed(entry)
+        for entry in root.iterdir()
+        if entry.name.endswith(SUFFIXES) and entry.is_file()
+    ]
     files.sort(key=lambda f: (f.mtime_ns, f.name))
     return files
 
 
-def read_records(file: LandingFile) -> Iterator[RawRecord]:
-    """Yield the non-blank lines of a landing file in order.
+def plan_landing(
+    folder: str | Path,
+    taken: Mapping[str, LandingFile],
+    *,
+    now: datetime,
+    min_file_age: timedelta = timedelta(0),
+) -> tuple[list[LandingFile], list[LandingFile]]:
+    """Decide what of the landing folder a new micro-batch takes.
+
+    Args:
+        folder: the landing folder.
+        taken: per path, the latest range an earlier micro-batch took (from the offset log).
+        now: the listing time (UTC), for ``min_file_age``.
+        min_file_age: files modified more recently than this are left for a later trigger.
+
+    Returns:
+        (files to take, in (mtime, name) order, each with its range, fingerprint and
+        :data:`Change`; files held back by ``min_file_age``).
+    """
+    horizon = int((now - min_file_age).timestamp() * 1e9)
+    plan: list[LandingFile] = []
+    young: list[LandingFile] = []
+    for listed in list_landing(folder):
+        try:
+            item = _plan_one(listed, taken.get(listed.path))
+        except FileNotFoundError:  # removed while listing: nothing to take
+            continue
+        if item is None:
+            continue
+        if min_file_age and listed.mtime_ns > horizon:
+            young.append(listed)
+            continue
+        plan.append(item)
+    return plan, young
+
+
+def _plan_one(listed: LandingFile, before: LandingFile | None) -> LandingFile | None:
+    if before is not None and (listed.size, listed.mtime_ns, listed.inode) == (
+        before.size,
+        before.mtime_ns,
+        before.inode,
+    ):
+        return None  # unchanged
+    digest, read, _ = fingerprint(listed.path, listed.size)
+    listed = replace(listed, size=read, sha256=digest)
+    if before is None:
+        return listed
+    if before.sha256 is not None and read >= before.size:
+        prefix, _, prefix_ends_line = fingerprint(listed.path, before.size)
+        if prefix == before.sha256:
+            if read == before.size:
+                return None  # same bytes, only the metadata changed
+            if not listed.is_gzip and (before.size == 0 or prefix_ends_line):
+                return replace(listed, start=before.size, change="appended")
+    return replace(listed, change="replaced")
+
+
+def read_records(file: LandingFile, batch_id: int | None = None) -> Iterator[RawRecord]:
+    """Yield the non-blank lines of a micro-batch's range of a landing file, in order.
+
+    Exactly the bytes ``[file.start, file.size)`` are read, and the first ``file.size`` bytes
+    must still hash to ``file.sha256``: a re-run after a crash reads what the first attempt
+    read. The check completes when the generator is exhausted, so a caller must read every
+    record before it writes anything.
 
     A gzip file that is truncated or corrupt yields its readable lines, then one record with
     ``data=None`` and an ``error`` (quarantined as ``MALFORMED_JSON``), so nothing is dropped
     silently and the stream does not stop.
+
+    Args:
+        file: the file and range, as recorded in the batch's offsets.
+        batch_id: the micro-batch, named in the error.
+
+    Raises:
+        LandingFileChangedError: the file is gone, shorter than ``file.size``, or its first
+            ``file.size`` bytes differ from the recorded fingerprint.
     """
+    digest = hashlib.sha256()
+    try:
+        handle = open(file.path, "rb")  # noqa: SIM115 - closed below, around the generator
+    except FileNotFoundError:
+        raise LandingFileChangedError(file, batch_id, "no longer exists") from None
+    except OSError as exc:
+        raise LandingFileChangedError(
+            file, batch_id, f"cannot be opened ({exc.strerror})"
+        ) from None
+    with handle:
+        if file.is_gzip:
+            raw = handle.read(file.size)
+            digest.update(raw)
+            _check(file, batch_id, len(raw), digest)
+            yield from _gzip_lines(file, raw)
+            return
+        offset = line_no = 0
+        while offset < file.size:
+            line = handle.readline(file.size - offset)
+            if not line:
+                break
+            digest.update(line)
+            line_no += 1
+            begins = offset
+            offset += len(line)
+            if begins < file.start:
+                continue
+            data = line.rstrip(b"\r\n")
+            if data.strip():
+                yield RawRecord(file.path, line_no, data)
+        _check(file, batch_id, offset, digest)
+
+
+def _check(file: LandingFile, batch_id: int | None, read: int, digest: Any) -> None:
+    if read < file.size:
+        raise LandingFileChangedError(file, batch_id, f"is now {read} bytes long")
+    if file.sha256 is not None and digest.hexdigest() != file.sha256:
+        raise LandingFileChangedError(file, batch_id, "has different content")
+
+
+def _gzip_lines(file: LandingFile, raw: bytes) -> Iterator[RawRecord]:
     line_no = 0
     try:
-        opener = gzip.open if file.path.endswith(".gz") else open
-        with opener(file.path, "rb") as handle:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb") as handle:
             for line in handle:
                 line_no += 1
                 data = line.rstrip(b"\r\n")

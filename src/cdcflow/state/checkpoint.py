@@ -117,10 +117,18 @@ class Checkpoint:
 
     def processed_paths(self) -> set[str]:
         """Paths of every landing file named in the offset log."""
-        paths: set[str] = set()
+        return set(self.taken())
+
+    def taken(self) -> dict[str, LandingFile]:
+        """Per landing file path, the range the latest micro-batch that read it took.
+
+        Returns:
+            path → :class:`LandingFile` (its ``size`` is how far the file has been taken).
+        """
+        latest: dict[str, LandingFile] = {}
         for batch_id in self._ids(self.offsets_dir):
-            paths.update(f.path for f in self.offsets(batch_id).files)
-        return paths
+            latest.update((f.path, f) for f in self.offsets(batch_id).files)
+        return latest
 
     def write_offsets(self, offsets: BatchOffsets) -> None:
         """Write-ahead the offsets of a batch (atomic rename)."""

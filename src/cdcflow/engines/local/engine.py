@@ -83,7 +83,7 @@ class LocalEngine:
         candidates: list[tuple[int, CdcEvent]] = []
         rejected: list[tuple[int, Rejection]] = []
         for file in offsets.files:
-            for record in read_records(file):
+            for record in read_records(file, offsets.batch_id):
                 position = len(records)
                 records.append(record)
                 if record.data is None:
