@@ -89,26 +89,44 @@ def write_state_file(frame: pl.DataFrame, path: str | Path) -> Path:
     return target
 
 
-def _cast(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    exprs = []
+def _cast_column(frame: pl.DataFrame, name: str, target: pl.DataType | None) -> pl.Expr:
+    col = pl.col(name)
+    if target is None or frame.schema[name] == target:
+        return col
+    if isinstance(target, pl.Datetime) and frame.schema[name] == pl.String:
+        return col.str.to_datetime(time_zone="UTC", time_unit="us", strict=True).alias(name)
+    if target == pl.Boolean and frame.schema[name] == pl.String:
+        return col.str.to_lowercase().replace_strict({"true": True, "false": False}).alias(name)
+    if isinstance(target, pl.Datetime):
+        return col.cast(pl.Datetime("us", "UTC")).alias(name)
+    return col.cast(target).alias(name)
+
+
+def _expected_kind(target: pl.DataType | None) -> str:
+    if isinstance(target, pl.Datetime):
+        return "an ISO-8601 timestamp"
+    if target == pl.Boolean:
+        return "true or false"
+    return f"of type {target}"
+
+
+def _cast(frame: pl.DataFrame, schema: dict[str, pl.DataType], source: Path) -> pl.DataFrame:
+    """Cast each known column to Silver's dtype.
+
+    Raises:
+        ReconcileError: a value does not convert; names the file and the column, never the
+            value (it may be personal data).
+    """
+    columns = []
     for name in frame.columns:
-        target = schema.get(name)
-        col = pl.col(name)
-        if target is None or frame.schema[name] == target:
-            exprs.append(col)
-        elif isinstance(target, pl.Datetime) and frame.schema[name] == pl.String:
-            exprs.append(
-                col.str.to_datetime(time_zone="UTC", time_unit="us", strict=True).alias(name)
-            )
-        elif target == pl.Boolean and frame.schema[name] == pl.String:
-            exprs.append(
-                col.str.to_lowercase().replace_strict({"true": True, "false": False}).alias(name)
-            )
-        elif isinstance(target, pl.Datetime):
-            exprs.append(col.cast(pl.Datetime("us", "UTC")).alias(name))
-        else:
-            exprs.append(col.cast(target).alias(name))
-    return frame.select(exprs)
+        try:
+            columns.append(frame.select(_cast_column(frame, name, schema.get(name))).to_series())
+        except pl.exceptions.PolarsError:
+            raise ReconcileError(
+                f"{source}: column '{name}' has a value that is not "
+                f"{_expected_kind(schema.get(name))}"
+            ) from None
+    return pl.DataFrame(columns)
 
 
 def read_state_file(path: str | Path, required: Sequence[str] = (KEY,)) -> pl.DataFrame:
@@ -123,12 +141,15 @@ def read_state_file(path: str | Path, required: Sequence[str] = (KEY,)) -> pl.Da
         The file's rows; known columns have Silver's dtypes, other columns are dropped.
 
     Raises:
-        ReconcileError: missing or unreadable file, or a required column is absent.
+        ReconcileError: missing or unreadable file, or a required column is absent. Messages
+            name the file and the column, never a row's values (they may be personal data):
+            the reader's own messages, which quote rows, are not passed on.
     """
     source = Path(path)
     if not source.is_file():
         raise ReconcileError(f"{source}: file not found")
     suffix = source.suffix.lower()
+    kind = {".parquet": "Parquet", ".csv": "CSV"}.get(suffix, "JSON lines")
     try:
         if suffix == ".parquet":
             frame = pl.read_parquet(source)
@@ -136,17 +157,23 @@ def read_state_file(path: str | Path, required: Sequence[str] = (KEY,)) -> pl.Da
             frame = pl.read_csv(source, infer_schema=False)
         else:
             frame = pl.read_ndjson(source, infer_schema_length=None)
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        raise ReconcileError(f"{source}: cannot read ({type(exc).__name__}: {exc})") from exc
+    except OSError as exc:
+        raise ReconcileError(
+            f"{source}: cannot read ({exc.strerror or type(exc).__name__})"
+        ) from None
+    except pl.exceptions.PolarsError as exc:
+        hint = (
+            " (check quoting and that every row has the header's fields)" if kind == "CSV" else ""
+        )
+        raise ReconcileError(
+            f"{source}: not a well-formed {kind} file ({type(exc).__name__}){hint}"
+        ) from None
     schema = silver_polars_schema()
     missing = [name for name in required if name not in frame.columns]
     if missing:
         raise ReconcileError(f"{source}: missing column(s) {missing}")
     frame = frame.select([name for name in frame.columns if name in schema])
-    try:
-        return _cast(frame, schema)
-    except pl.exceptions.PolarsError as exc:
-        raise ReconcileError(f"{source}: a column has values of the wrong type ({exc})") from exc
+    return _cast(frame, schema, source)
 
 
 @dataclass
