@@ -12,6 +12,7 @@ import pytest
 from deltalake.exceptions import TableNotFoundError
 from hypothesis import HealthCheck, given, settings
 
+from cdcflow.layers.gold import MAX_FILLED_GAP_DAYS
 from cdcflow.plan.history import state_as_of, timeline
 from tests.conftest import Lake, ev, full
 from tests.test_history import first_copies
@@ -72,6 +73,25 @@ def test_daily_metrics_hand_computed(lake: Lake) -> None:
         (day[2], 0, 0, 0, 0, 2, 0.0),  # a day without changes
         (day[3], 0, 1, 0, 1, 3, 0.5),  # C-3 deleted; C-1 reactivated; C-2 revived
     ]
+
+
+def test_one_outlying_timestamp_adds_one_row_not_a_century(lake: Lake) -> None:
+    # one event dated 1900 (epoch milliseconds), another 40 days after the hand stream: the
+    # quiet periods are not filled in, short gaps still are (day 2 of the hand stream)
+    old = e("E0", "C-9", "INSERT", 5, "-2208988800000", **full(city="Oslo"))
+    late = e("E11", "C-4", "UPDATE", 50, at(43, 9), status="INACTIVE")
+    lake.write([*HAND, old, late])
+    lake.run()
+    rows = gold(lake, "daily_customer_metrics")
+    dates = [r["date"] for r in rows]
+    assert dates == [date(1900, 1, 1), *[D1 + timedelta(days=i) for i in range(4)], at_day(43)]
+    assert [r["active_at_end_of_day"] for r in rows] == [1, 3, 3, 3, 4, 3]
+    assert [r["new_registrations"] for r in rows] == [1, 3, 1, 0, 0, 0]
+    assert rows[-1]["deactivations"] == 1 and rows[-1]["churn_rate"] == 0.25
+
+
+def at_day(day: int) -> date:
+    return D1 + timedelta(days=day)
 
 
 def test_snapshot_tables_hand_computed(lake: Lake) -> None:
@@ -145,10 +165,14 @@ def brute_force(history: dict[str, list[dict]], mode: str) -> dict[str, list[dic
             ):
                 count["reactivations"] += 1
     daily = []
-    first, last = min(days), max(days)
+    changed = sorted(days)
+    calendar = [
+        a + timedelta(days=n)
+        for a, b in zip(changed, [*changed[1:], changed[-1]], strict=True)
+        for n in range((b - a).days if 0 < (b - a).days <= MAX_FILLED_GAP_DAYS else 1)
+    ]
     start_active = 0
-    for n in range((last - first).days + 1):
-        d = first + timedelta(days=n)
+    for d in calendar:
         end = datetime.combine(d + timedelta(days=1), time(0), UTC) - timedelta(microseconds=1)
         active = sum(row["is_active"] for row in state_as_of(history, end, mode).values())  # type: ignore[arg-type]
         c = days.get(d, Counter())

@@ -12,8 +12,12 @@ versions equal Silver (plus, in hard mode, a DELETE version for every hard-delet
   ``DELETED`` (always present, 0 when none) plus a null-status row when some customer has no
   status yet: ``customers`` (count of customers whose current state has it) and ``share`` (customers
   / all customers, 0..1; null when there are none). Hard-deleted customers count as ``DELETED``.
-* ``gold/daily_customer_metrics`` — one row per UTC date from the first to the last change date
-  (``valid_from``), days without changes included:
+* ``gold/daily_customer_metrics`` — one row per UTC date on which some customer changed
+  (``valid_from``), plus the days without changes that lie between two change dates at most
+  ``MAX_FILLED_GAP_DAYS`` (31) days apart. A longer quiet period is left out (its days would
+  only repeat the previous row's ``active_at_end_of_day``): the table grows with the number of
+  change dates, not with the time span, so a single event with an outlying timestamp (an epoch
+  value from 1900, say) adds one row, not a row for every day of 125 years.
 
   - ``new_registrations``: customers whose first INSERT (lowest sequence) falls on the date;
   - ``deletions``: DELETE versions whose previous version exists and is not deleted;
@@ -23,7 +27,8 @@ versions equal Silver (plus, in hard mode, a DELETE version for every hard-delet
   - ``active_at_end_of_day``: customers active in their state as of the end of the date (the
     version of highest sequence with ``valid_from`` before the next midnight UTC);
   - ``churn_rate``: (deletions + deactivations) / active at the start of the date (= the previous
-    date's ``active_at_end_of_day``, 0 on the first date); null when that is 0.
+    row's ``active_at_end_of_day``, as nothing changed in between; 0 on the first date); null
+    when that is 0.
 
 Every transition is counted on the date of the version's ``valid_from``.
 """
@@ -35,6 +40,9 @@ import pyarrow as pa
 from cdcflow.layers.tables import SILVER_FIELDS, TableSpec
 
 _COUNT = pa.int64()
+#: Quiet days are filled in ``daily_customer_metrics`` between change dates at most this many
+#: days apart.
+MAX_FILLED_GAP_DAYS = 31
 
 ACTIVE_CUSTOMERS = TableSpec(
     "gold/active_customers",
@@ -85,5 +93,6 @@ __all__ = [
     "ACTIVE_CUSTOMERS",
     "DAILY_METRICS",
     "GOLD_TABLES",
+    "MAX_FILLED_GAP_DAYS",
     "STATUS_DISTRIBUTION",
 ]

@@ -10,8 +10,6 @@ group-bys; after a micro-batch the refresh carries the app transaction
 
 from __future__ import annotations
 
-from datetime import date
-
 import polars as pl
 from deltalake import DeltaTable, write_deltalake
 
@@ -22,6 +20,7 @@ from cdcflow.layers.gold import (
     ACTIVE_CUSTOMERS,
     DAILY_METRICS,
     GOLD_TABLES,
+    MAX_FILLED_GAP_DAYS,
     STATUS_DISTRIBUTION,
 )
 from cdcflow.layers.tables import HISTORY, TableSpec
@@ -148,9 +147,7 @@ def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
         .group_by("date")
         .agg(pl.col("_delta").sum())
     )
-    first: date = h["date"].min()  # type: ignore[assignment]
-    last: date = h["date"].max()  # type: ignore[assignment]
-    days = pl.DataFrame({"date": pl.date_range(first, last, "1d", eager=True)})
+    days = calendar(h["date"])
     frame = (
         days.join(registrations, on="date", how="left")
         .join(counts, on="date", how="left")
@@ -165,6 +162,28 @@ def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("_start") > 0).then(churn).otherwise(None).alias("churn_rate")
     )
     return frame.select(DAILY_METRICS.schema.names)
+
+
+def calendar(dates: pl.Series) -> pl.DataFrame:
+    """The dates of ``daily_customer_metrics``: every change date, plus the days without
+    changes between two change dates at most ``MAX_FILLED_GAP_DAYS`` apart.
+
+    The row count is bounded by the number of change dates (times the gap limit), never by the
+    time span: one event dated 1900 adds one row, not 45,000.
+    """
+    changed = dates.unique().sort().to_frame("date")
+    gap = (pl.col("date").shift(-1) - pl.col("date")).dt.total_days()
+    span = pl.when(gap <= MAX_FILLED_GAP_DAYS).then(gap - 1).otherwise(0).fill_null(0)
+    return (
+        changed.with_columns(span.alias("_fill"))
+        .select(
+            pl.date_ranges(
+                pl.col("date"), pl.col("date") + pl.duration(days=pl.col("_fill")), "1d"
+            ).alias("date")
+        )
+        .explode("date")
+        .sort("date")
+    )
 
 
 def compute_gold(history: pl.DataFrame) -> dict[str, pl.DataFrame]:
