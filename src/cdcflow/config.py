@@ -141,6 +141,18 @@ class ProcessingSection(_Section):
     @field_validator("customer_id_pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
+        # matched by RE2 (linear time, see cdcflow.plan.rules.CustomerIdPattern); it must also
+        # be a Python `re` pattern (the common subset), as tools outside the stream compile it
+        import re2
+
+        from cdcflow.plan.rules import unsupported_by_re2
+
+        options = re2.Options()
+        options.log_errors = False
+        try:
+            re2.compile(value, options)
+        except re2.error as exc:
+            raise ValueError(unsupported_by_re2(exc)) from None
         try:
             re.compile(value)
         except re.error as exc:

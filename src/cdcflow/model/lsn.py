@@ -29,7 +29,11 @@ LSN_KEY_WIDTH = 32
 
 
 class LsnError(ValueError):
-    """The value is not an LSN in any supported notation (reason ``INVALID_LSN``)."""
+    """The value is not an LSN in any supported notation (reason ``INVALID_LSN``).
+
+    The message says what kind of value it is, never the value itself (a bad record may carry
+    personal data in any field).
+    """
 
 
 def parse_lsn(value: object) -> int:
@@ -46,7 +50,7 @@ def parse_lsn(value: object) -> int:
         LsnError: not a supported notation, negative, fractional, boolean or too large.
     """
     if isinstance(value, bool):
-        raise LsnError(f"boolean is not an LSN: {value!r}")
+        raise LsnError("a boolean is not an LSN")
     if isinstance(value, int):
         number = value
     elif isinstance(value, str):
@@ -60,9 +64,13 @@ def parse_lsn(value: object) -> int:
                 raise LsnError("LSN out of range (0 .. 2**128-1)")
             number = int(text)
         else:
-            raise LsnError(f"unsupported LSN notation: {text[:60]!r}")
+            raise LsnError(
+                "not a supported LSN notation (PostgreSQL X/Y, SQL Server "
+                "xxxxxxxx:xxxxxxxx:xxxx or a decimal integer)"
+            )
     else:
-        raise LsnError(f"LSN must be a string or an integer, got {type(value).__name__}")
+        kind = {dict: "an object", list: "an array", float: "a fraction"}.get(type(value))
+        raise LsnError(f"LSN must be a string or an integer, not {kind or type(value).__name__}")
     if number < 0 or number > MAX_LSN:
         raise LsnError("LSN out of range (0 .. 2**128-1)")
     return number

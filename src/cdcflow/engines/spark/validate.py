@@ -24,6 +24,7 @@ Line splitting follows :func:`cdcflow.sources.files.read_records`: lines end at 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,8 @@ UNDECIDED = "UNDECIDED"
 _WS = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]"
 _STRIP = f"^{_WS}+|{_WS}+\\z"
 _ISO = (
-    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-9]{2})"
-    r"(?:\.([0-9]+))?(Z|[+-][0-9]{2}:[0-9]{2})?$"
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-5][0-9])"
+    r"(?:\.([0-9]+))?([Zz]|[+-][0-9]{2}:[0-9]{2})?$"
 )
 _EPOCH_TEXT = r"^-?[0-9]{10,15}$"
 #: JSON escapes whose canonical form differs between JSON writers (control characters) or that
@@ -151,16 +152,133 @@ class _Field:
 
 
 def java_pattern(customer_id_pattern: str) -> str:
-    """``processing.customer_id_pattern`` as a Java regex that must match the whole value."""
-    return f"(?U)^(?:{customer_id_pattern})\\z"
+    """``processing.customer_id_pattern`` as a Java regex that must match the whole value.
+
+    Flags make Java read the common syntax as RE2 does (:class:`cdcflow.plan.rules.
+    CustomerIdPattern`): ``(?d)`` — only ``\\n`` ends a line, so ``.`` matches U+0085, U+2028 and
+    U+2029; ``(?u)`` — ``(?i)`` folds case by Unicode. ``\\d``, ``\\w``, ``\\s`` stay ASCII in
+    both (no ``(?U)``).
+    """
+    return f"(?du)^(?:{customer_id_pattern})\\z"
+
+
+#: A quantifier: ``*``, ``+``, ``?`` or ``{n}``, ``{n,}``, ``{n,m}`` (then an optional ``?``/``+``).
+_QUANTIFIER = re.compile(r"[*+?]|\{(\d+)(,(\d*))?\}")
+
+
+def backtracking_risk(pattern: str) -> str | None:
+    """Why Java's backtracking regex could take exponential time on ``pattern``, or None.
+
+    The shape that does it is a repeated group holding a variable repetition or an alternation
+    (``(a+)+``, ``(a|a)*``, ``(\\w+\\s?)+``, ``(a{1,3}){5}``): on a near-miss input Java tries
+    every way to split the text between the two. The check reads the pattern text (groups,
+    classes, escapes, ``\\Q…\\E``, quantifiers) and errs on the safe side: ``(a|b)+`` is refused
+    although it is harmless — write ``[ab]+``.
+    """
+    # one frame per open group: does it (or a group inside it) vary in length?
+    frames: list[bool] = [False]
+    last_group_varies: bool | None = None  # the atom just closed was a group: did it vary?
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        atom_group: bool | None = None
+        if c == "\\":
+            if pattern.startswith("\\Q", i):
+                end = pattern.find("\\E", i + 2)
+                i = n if end < 0 else end + 2
+            else:
+                i += 2
+        elif c == "[":
+            i = _class_end(pattern, i)
+        elif c == "(":
+            frames.append(False)
+            i += 1
+            if pattern.startswith("?", i):  # (?:…), (?i), (?P<n>…), (?<n>…): skip the prefix
+                i += 1
+                while (
+                    i < n
+                    and pattern[i] not in ":)"
+                    and not (pattern[i] == ">" and pattern[i - 1] != "?")
+                ):
+                    i += 1
+                if i < n and pattern[i] in ":>":
+                    i += 1
+            continue
+        elif c == ")":
+            varies = frames.pop() if len(frames) > 1 else False
+            frames[-1] = frames[-1] or varies
+            atom_group = varies
+            i += 1
+        elif c == "|":
+            frames[-1] = True
+            i += 1
+        else:
+            match = _QUANTIFIER.match(pattern, i)
+            if match:
+                low, comma, high = match.group(1), match.group(2), match.group(3)
+                if match.group(0) in "*+":
+                    at_most: int | None = None
+                elif match.group(0) == "?":
+                    at_most = 1
+                else:
+                    at_most = int(high) if comma and high else None if comma else int(low)
+                variable = match.group(0) in "*+?" or (comma is not None and high != low)
+                if last_group_varies and (at_most is None or at_most > 1):
+                    return (
+                        "a repeated group holds a variable repetition or an alternation "
+                        f"(near {pattern[max(0, i - 12) : i + len(match.group(0))]!r})"
+                    )
+                if variable:
+                    frames[-1] = True
+                i = match.end()
+                if i < n and pattern[i] in "?+":  # lazy / possessive suffix
+                    i += 1
+                last_group_varies = None
+                continue
+            i += 1
+        last_group_varies = atom_group
+    return None
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Index after the character class opening at ``start`` (nested ``[...]`` and ``[:alpha:]``)."""
+    i, n, depth = start + 1, len(pattern), 1
+    if i < n and pattern[i] == "^":
+        i += 1
+    if i < n and pattern[i] == "]":  # a leading ] is a literal
+        i += 1
+    while i < n and depth:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        i += 1
+    return i
 
 
 def check_pattern(spark: SparkSession, customer_id_pattern: str) -> None:
-    """Fail early when Java regex cannot compile the customer_id pattern.
+    """Fail early when Java regex cannot compile the customer_id pattern, or could take
+    exponential time on it (:func:`backtracking_risk`).
+
+    The local engine matches the pattern with RE2, in linear time whatever the pattern; Java's
+    engine backtracks, so a pattern like ``^(a+)+$`` against ``"a" * 40 + "!"`` would hang a
+    micro-batch (and every re-run of it). Such patterns are refused at engine start.
 
     Raises:
-        ConfigError: the pattern uses Python-only syntax (e.g. ``(?P<name>…)``); names the key.
+        ConfigError: the pattern uses Python-only syntax (e.g. ``(?P<name>…)``) or risks
+            catastrophic backtracking; names the key.
     """
+    risk = backtracking_risk(customer_id_pattern)
+    if risk:
+        raise ConfigError(
+            f"processing.customer_id_pattern: {risk}, which can make Java's backtracking regex "
+            "(the spark engine) take exponential time on one record; rewrite it without a "
+            "repeated variable group (e.g. a+ for (a+)+, [ab]+ for (a|b)+)"
+        )
     try:
         spark.range(1).select(_lit("C-1").rlike(java_pattern(customer_id_pattern))).collect()
     except Exception as exc:
@@ -198,8 +316,9 @@ def split_lines(files: DataFrame) -> DataFrame:
     )
 
 
-def _timestamp(ts: _Field) -> tuple[Column, Column, Column]:
-    """(UTC timestamp or null, sub-microsecond nanos as 3 digits, shape recognised)."""
+def _timestamp(ts: _Field) -> tuple[Column, Column, Column, Column]:
+    """(UTC timestamp or null, sub-microsecond nanos as 3 digits, shape recognised, epoch
+    milliseconds beyond year 9999)."""
     from pyspark.sql import functions as F
 
     text = ts.trimmed
@@ -212,7 +331,7 @@ def _timestamp(ts: _Field) -> tuple[Column, Column, Column]:
         F.regexp_extract(text, _ISO, 2),
         _lit("."),
         F.rpad(F.substring(fraction, 1, 6), 6, "0"),
-        F.when(offset.isin("", "Z"), _lit("+00:00")).otherwise(offset),
+        F.when(offset.isin("", "Z", "z"), _lit("+00:00")).otherwise(offset),
     )
     epoch_text = ts.is_string & text.rlike(_EPOCH_TEXT)
     millis = F.when(ts.is_int, ts.text).when(epoch_text, text).cast("long")
@@ -226,7 +345,8 @@ def _timestamp(ts: _Field) -> tuple[Column, Column, Column]:
         _lit("000")
     )
     value = F.when(F.year(value) >= 1000, value)
-    return value, nanos, (ts.is_string & (iso | epoch_text)) | ts.is_int
+    beyond = F.coalesce(millis > _MAX_MS, _lit(False))
+    return value, nanos, (ts.is_string & (iso | epoch_text)) | ts.is_int, beyond
 
 
 def _hex(decimal_text: Column) -> Column:
@@ -320,7 +440,7 @@ def validate_lines(
 
     aliases = F.create_map(*[_lit(x) for kv in OPERATION_ALIASES.items() for x in kv])
     operation = F.when(op.is_string, F.element_at(aliases, F.upper(op.trimmed)))
-    event_ts, nanos, ts_shape = _timestamp(ts)
+    event_ts, nanos, ts_shape, beyond = _timestamp(ts)
     key, lsn_shape = _lsn_key(lsn)
     derived = fields.select(
         "*",
@@ -328,6 +448,7 @@ def validate_lines(
         event_ts.alias("_event_ts"),
         nanos.alias("_nanos"),
         ts_shape.alias("_ts_shape"),
+        beyond.alias("_ts_beyond"),
         key.alias("_lsn_key"),
         lsn_shape.alias("_lsn_shape"),
     )
@@ -366,6 +487,7 @@ def validate_lines(
         .when(operation.isNull(), _lit("INVALID_OPERATION"))
         .when(ts.blank, _lit("NULL_EVENT_TIMESTAMP"))
         .when(~F.col("_ts_shape") & ~ts.is_string, _lit("INVALID_EVENT_TIMESTAMP"))
+        .when(F.col("_ts_beyond"), _lit("FUTURE_EVENT_TIMESTAMP"))  # after year 9999
         .when(event_ts.isNull(), _lit(UNDECIDED))
         .when(event_ts > limit, _lit("FUTURE_EVENT_TIMESTAMP"))
         .when(lsn.blank, _lit("NULL_LSN"))
