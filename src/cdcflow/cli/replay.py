@@ -35,12 +35,14 @@ def run_replay(
     Returns:
         The :class:`~cdcflow.engines.local.replay.ReplayResult`.
 
+    The replay runs on the local engine (delta-rs + Polars) whatever ``pipeline.engine`` says:
+    both engines write the same tables, so a Spark pipeline is replayed the same way (e.g. to
+    migrate its Silver to another ``processing.delete_mode``).
+
     Raises:
-        CdcflowError: engine without replay support; ``ReplayError`` when ``--apply`` is
-            asked for a Bronze version that is not the latest.
+        CdcflowError: ``ReplayError`` when ``--apply`` is asked for a Bronze version that is
+            not the latest.
     """
-    if config.pipeline.engine != "local":
-        raise CdcflowError(f"replay is not available for engine {config.pipeline.engine!r}")
     from cdcflow.engines.local import replay as engine_replay
 
     with Progress(
@@ -85,6 +87,7 @@ def replay_table(result: ReplayResult) -> Table:
         rows.append(("verified vs live silver", "yes" if result.verified else "NO"))
     if result.applied_version is not None:
         rows.append(("silver version written", result.applied_version))
+        rows.append(("replay id", f"{result.replay_id}{' (resumed)' if result.resumed else ''}"))
     for name, value in rows:
         table.add_row(name, str(value))
     return table
@@ -96,7 +99,12 @@ def replay(
         bool, typer.Option("--verify", help="Compare the rebuilt state with the live Silver.")
     ] = False,
     apply: Annotated[
-        bool, typer.Option("--apply", help="Replace Silver with the rebuilt state (one commit).")
+        bool,
+        typer.Option(
+            "--apply",
+            help="Replace Silver and the tombstones with the rebuilt state and record the"
+            " delete mode (re-run it to finish an interrupted --apply).",
+        ),
     ] = False,
     to_version: Annotated[
         int | None, typer.Option(min=0, help="Read Bronze at this Delta version.")

@@ -7,6 +7,8 @@ Grain of each table:
 * ``quarantine/customer_events`` — one row per rejected record, append-only, with the reason.
 * ``silver/customers`` — one row per customer_id (hard-deleted customers absent); public columns
   plus ``_cdc_`` sequence registers (one per attribute, the row's highest and lowest sequence).
+  Its table property ``cdcflow.deleteMode`` (:data:`DELETE_MODE_PROPERTY`) records the
+  ``processing.delete_mode`` its content was built in.
 * ``silver/customer_tombstones`` — hard mode: one row per hard-deleted customer_id, holding the
   sequence of its latest DELETE.
 * ``audit/batch_log`` — one row per micro-batch.
@@ -25,6 +27,12 @@ from cdcflow.model.events import ATTRIBUTES
 
 TS = pa.timestamp("us", tz="UTC")
 CDF = {"delta.enableChangeDataFeed": "true"}
+
+#: Table property of ``silver/customers`` holding the delete mode (``soft`` | ``hard``) its
+#: content was built in. delta-rs cannot create a table with a property outside ``delta.*``, so
+#: it is set by a metadata commit right after the table is created (or, on a table created
+#: before the property existed, on the first run) and by ``replay --apply``.
+DELETE_MODE_PROPERTY = "cdcflow.deleteMode"
 
 
 def register(name: str) -> str:

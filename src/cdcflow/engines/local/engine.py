@@ -69,6 +69,9 @@ class LocalEngine:
         )
         for spec in ALL_TABLES:
             self.store.ensure(spec)
+        from cdcflow.engines.local.replay import check_lakehouse
+
+        check_lakehouse(config)  # an unfinished replay --apply or another delete_mode: refuse
 
     # ------------------------------------------------------------------ stages
     def _parse(

@@ -11,9 +11,22 @@ Steps (``cdcflow replay``):
    per customer_id, so the buckets' union equals one fold over all of Bronze, while memory is
    bounded by one bucket.
 2. :func:`verify` compares the shadow with the live tables (:mod:`cdcflow.reconcile`).
-3. :func:`apply` replaces Silver with the shadow content in ONE Delta commit (an overwrite: the
-   previous state stays reachable by time travel), does the same for the tombstones in hard
-   mode, and appends a ``kind = 'replay'`` row to ``audit/batch_log``.
+3. :func:`apply` replaces the tombstones, then Silver, each with the shadow content in ONE Delta
+   commit (an overwrite: the previous state stays reachable by time travel), records the delete
+   mode in Silver's ``cdcflow.deleteMode`` property, and appends a ``kind = 'replay'`` row to
+   ``audit/batch_log``.
+
+Crash safety of ``--apply``: every write of a replay carries the Delta app transaction
+``cdcflow-<pipeline>-replay`` with version = the replay id (0, 1, ...), and the batch_log row is
+written last. A replay that wrote the tombstones or Silver but not its batch_log row did not
+finish (:func:`replay_progress`): micro-batches refuse to run (:func:`check_lakehouse`), and the
+next ``replay --apply`` takes over its replay id, rewrites the tombstones and Silver from its own
+shadow and writes the one batch_log row, so a killed and re-run replay ends equal to an
+uninterrupted one.
+
+The same start-up check refuses a ``processing.delete_mode`` that differs from the mode Silver
+was built in (:func:`check_delete_mode`); ``replay --apply`` rebuilds Silver and the tombstones in
+the configured mode and then records it.
 """
 
 from __future__ import annotations
@@ -26,19 +39,28 @@ from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import arrow_dataset, scan_table, txn_done
 from cdcflow.engines.local.fold import batch_tombstones, fold_events
-from cdcflow.errors import CdcflowError, TableError
-from cdcflow.layers.tables import BATCH_LOG, BRONZE, SILVER, TOMBSTONES, TableSpec
+from cdcflow.errors import CdcflowError, ConfigError, TableError
+from cdcflow.layers.tables import (
+    BATCH_LOG,
+    BRONZE,
+    DELETE_MODE_PROPERTY,
+    SILVER,
+    TOMBSTONES,
+    TableSpec,
+)
 from cdcflow.logs import get_logger
 from cdcflow.model.events import ATTRIBUTES
 from cdcflow.plan.replay import DEFAULT_BUCKET_ROWS, bucket_count, revalidate
 from cdcflow.reconcile import ReconcileReport, reconcile_state
 from cdcflow.report import BatchReport
 from cdcflow.state.checkpoint import Checkpoint
+from cdcflow.state.faults import crash_point
 
 log = get_logger("engine.local.replay")
 
@@ -82,6 +104,8 @@ class ReplayResult:
         seconds: wall time of the rebuild.
         silver_report / tombstone_report: filled by :func:`verify`.
         applied_version: Silver's Delta version written by :func:`apply`.
+        replay_id: the replay id :func:`apply` wrote under (app transaction version).
+        resumed: True when :func:`apply` finished an interrupted replay (took over its id).
     """
 
     delete_mode: str
@@ -103,6 +127,8 @@ class ReplayResult:
     silver_report: ReconcileReport | None = None
     tombstone_report: ReconcileReport | None = None
     applied_version: int | None = None
+    replay_id: int | None = None
+    resumed: bool = False
 
     @property
     def verified(self) -> bool | None:
@@ -186,7 +212,7 @@ def rebuild_shadow(
     mode = config.processing.delete_mode
     bronze = _open(config, BRONZE.name, to_version)
     version = bronze.version()
-    scan = pl.scan_delta(bronze)
+    scan = scan_table(bronze)
     stats = scan.select(
         pl.len().alias("rows"),
         pl.col("is_duplicate").sum().alias("dups"),
@@ -261,7 +287,7 @@ def rebuild_shadow(
 
 
 def _read(config: CdcflowConfig, name: str, columns: list[str]) -> pl.DataFrame:
-    return pl.scan_delta(_open(config, name)).select(columns).collect()
+    return scan_table(_open(config, name)).select(columns).collect()
 
 
 def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
@@ -273,7 +299,7 @@ def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
     names = SILVER.schema.names
     live_silver = _open(config, SILVER.name)
     result.silver_report = reconcile_state(
-        actual=pl.scan_delta(live_silver).select(names).collect(),
+        actual=scan_table(live_silver).select(names).collect(),
         expected=_read(config, shadow_name(SILVER), names),
         columns=names[1:],
         kind="replay",
@@ -300,7 +326,7 @@ def _batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[p
 
 def _overwrite_from_shadow(config: CdcflowConfig, spec: TableSpec, props: CommitProperties) -> int:
     # the dataset is opened before the write: delta-rs cannot be re-entered from its writer
-    dataset = _open(config, shadow_name(spec)).to_pyarrow_dataset()
+    dataset = arrow_dataset(_open(config, shadow_name(spec)))
     reader = pa.RecordBatchReader.from_batches(
         spec.schema, _batches(dataset.to_batches(), spec.schema)
     )
@@ -309,12 +335,161 @@ def _overwrite_from_shadow(config: CdcflowConfig, spec: TableSpec, props: Commit
     return _open(config, spec.name).version()
 
 
-def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
-    """Replace Silver (and, in hard mode, the tombstones) with the shadow content.
+def replay_app_id(config: CdcflowConfig) -> str:
+    """App id of the app transactions ``replay --apply`` writes (version = the replay id)."""
+    return f"cdcflow-{config.pipeline.name}-replay"
 
-    Silver is replaced in one Delta commit (an overwrite; ``DESCRIBE HISTORY`` / time travel
-    still reach the previous version). Runs under the checkpoint's run lock, so no micro-batch
-    runs meanwhile. Appends a ``kind = 'replay'`` row to ``audit/batch_log``.
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """How far the replays of a lakehouse got, read from their app transactions.
+
+    Attributes:
+        tombstones: latest replay id written to ``silver/customer_tombstones`` (-1: none).
+        silver: latest replay id written to ``silver/customers`` (-1: none).
+        logged: latest replay id whose ``audit/batch_log`` row is written (-1: none). The row
+            is a replay's last write: it marks the replay finished.
+    """
+
+    tombstones: int
+    silver: int
+    logged: int
+
+    @property
+    def unfinished(self) -> int | None:
+        """Id of a replay that wrote a table but not its batch_log row, else None."""
+        started = max(self.tombstones, self.silver)
+        return started if started > self.logged else None
+
+    @property
+    def next_id(self) -> int:
+        """Id of the next replay."""
+        return max(self.tombstones, self.silver, self.logged) + 1
+
+
+def _txn_version(config: CdcflowConfig, spec: TableSpec, app_id: str) -> int:
+    try:
+        table = DeltaTable(
+            config.table_uri(spec.name), storage_options=config.storage.options or None
+        )
+    except TableNotFoundError:
+        return -1
+    version = table.transaction_version(app_id)
+    return -1 if version is None else version
+
+
+def replay_progress(config: CdcflowConfig) -> ReplayProgress:
+    """Read the replay app transactions of the tombstones, Silver and ``audit/batch_log``."""
+    app_id = replay_app_id(config)
+    return ReplayProgress(
+        tombstones=_txn_version(config, TOMBSTONES, app_id),
+        silver=_txn_version(config, SILVER, app_id),
+        logged=_txn_version(config, BATCH_LOG, app_id),
+    )
+
+
+def recorded_delete_mode(config: CdcflowConfig) -> str | None:
+    """The delete mode recorded in Silver's ``cdcflow.deleteMode`` property (None: not recorded)."""
+    return _open(config, SILVER.name).metadata().configuration.get(DELETE_MODE_PROPERTY)
+
+
+def record_delete_mode(
+    config: CdcflowConfig, mode: str, props: CommitProperties | None = None
+) -> bool:
+    """Set Silver's ``cdcflow.deleteMode`` property to ``mode`` unless it already holds it.
+
+    Returns:
+        True when a commit was written.
+    """
+    silver = _open(config, SILVER.name)
+    if silver.metadata().configuration.get(DELETE_MODE_PROPERTY) == mode:
+        return False
+    try:
+        silver.alter.set_table_properties(
+            {DELETE_MODE_PROPERTY: mode}, raise_if_not_exists=False, commit_properties=props
+        )
+    except Exception:  # a concurrent start-up recorded it first: fine if it is the same mode
+        if recorded_delete_mode(config) != mode:
+            raise
+        return False
+    return True
+
+
+def _modes_in_content(config: CdcflowConfig) -> set[str]:
+    """Delete modes the content of Silver and the tombstones shows (for tables without the
+    property): a soft-deleted Silver row only comes from soft mode, a tombstone only from hard.
+    """
+    modes: set[str] = set()
+    deleted = scan_table(_open(config, SILVER.name)).filter(pl.col("is_deleted")).select(pl.len())
+    if deleted.collect().item():
+        modes.add("soft")
+    if scan_table(_open(config, TOMBSTONES.name)).select(pl.len()).collect().item():
+        modes.add("hard")
+    return modes
+
+
+def check_delete_mode(config: CdcflowConfig) -> None:
+    """Refuse a ``processing.delete_mode`` other than the one Silver was built in.
+
+    The mode is read from Silver's ``cdcflow.deleteMode`` property. A Silver without it (new,
+    or created before the property existed) gets the configured mode recorded, unless its
+    content shows the other mode (soft-deleted rows, or tombstones).
+
+    Raises:
+        ConfigError: the configured mode differs from Silver's (one line, naming the way out:
+            ``cdcflow replay --apply``).
+    """
+    mode = config.processing.delete_mode
+    recorded = recorded_delete_mode(config)
+    if recorded is None:
+        other = sorted(_modes_in_content(config) - {mode})
+        if not other:
+            record_delete_mode(config, mode)
+            return
+        recorded = other[0]
+    if recorded != mode:
+        raise ConfigError(
+            f"processing.delete_mode is {mode!r} but silver/customers was built in {recorded!r}"
+            f" mode: run `cdcflow replay --apply` to rebuild Silver and the tombstones in {mode!r}"
+            f" mode from Bronze, or set processing.delete_mode back to {recorded!r}"
+        )
+
+
+def check_lakehouse(config: CdcflowConfig) -> None:
+    """Start-up check of the engines: refuse to run micro-batches on a lakehouse that an
+    interrupted ``replay --apply`` left half-written, or that was built in another delete mode.
+
+    Records the delete mode on a Silver that does not hold it yet (see :func:`check_delete_mode`).
+
+    Raises:
+        ReplayError: a ``replay --apply`` did not finish.
+        ConfigError: ``processing.delete_mode`` differs from Silver's.
+    """
+    unfinished = replay_progress(config).unfinished
+    if unfinished is not None:
+        raise ReplayError(
+            f"silver/customers: replay {unfinished} (`cdcflow replay --apply`) is running or was"
+            " interrupted; run `cdcflow replay --apply` again to finish it before running"
+            " micro-batches"
+        )
+    check_delete_mode(config)
+
+
+def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
+    """Replace the tombstones and Silver with the shadow content; record mode and replay.
+
+    Under the checkpoint's run lock (no micro-batch runs meanwhile), in this order, each write
+    under the app transaction ``cdcflow-<pipeline>-replay`` with version = the replay id:
+
+    1. the tombstones: one overwrite with the shadow (empty in soft mode);
+    2. Silver: one overwrite (``DESCRIBE HISTORY`` / time travel still reach the previous
+       version);
+    3. Silver's ``cdcflow.deleteMode`` property set to the replayed mode (when it differs);
+    4. a ``kind = 'replay'`` row appended to ``audit/batch_log`` (skipped when the table already
+       holds the replay id) — the mark of a finished replay.
+
+    When an earlier ``--apply`` was killed before its batch_log row, this one takes over its
+    replay id: steps 1-3 are written again from this shadow and the row is written once.
 
     Raises:
         ReplayError: Bronze has moved past the replayed version (the shadow would roll Silver
@@ -331,15 +506,28 @@ def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
                 f"{result.bronze_version}; --apply needs a replay of the latest Bronze "
                 "(see docs/recovery_playbook.md to restore an older state)"
             )
+        progress = replay_progress(config)
+        unfinished = progress.unfinished
+        replay_id = progress.next_id if unfinished is None else unfinished
+        result.replay_id, result.resumed = replay_id, unfinished is not None
+        if unfinished is not None:
+            log.warning("finishing an interrupted replay", extra={"replay_id": replay_id})
+        app_id = replay_app_id(config)
         props = CommitProperties(
             custom_metadata={
                 "cdcflow.operation": "replay",
                 "cdcflow.bronze_version": str(result.bronze_version),
-            }
+                "cdcflow.replay_id": str(replay_id),
+            },
+            app_transactions=[Transaction(app_id=app_id, version=replay_id)],
         )
+        crash_point("replay_before_write", replay_id)
+        _overwrite_from_shadow(config, TOMBSTONES, props)
+        crash_point("replay_after_tombstones", replay_id)
         result.applied_version = _overwrite_from_shadow(config, SILVER, props)
-        if result.delete_mode == "hard":
-            _overwrite_from_shadow(config, TOMBSTONES, props)
+        crash_point("replay_after_silver", replay_id)
+        record_delete_mode(config, result.delete_mode, props)
+        crash_point("replay_after_mode", replay_id)
         report = BatchReport(
             batch_id=result.last_batch_id,
             pipeline=config.pipeline.name,
@@ -357,12 +545,32 @@ def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
             delete_mode=result.delete_mode,
         )
         row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
-        _write(config, BATCH_LOG.name, row, "append", props)
+        if not txn_done(_open(config, BATCH_LOG.name), app_id, replay_id):
+            _write(config, BATCH_LOG.name, row, "append", props)
+        crash_point("replay_after_log", replay_id)
     log.info(
         "replay applied",
-        extra={"silver_version": result.applied_version, "bronze_version": result.bronze_version},
+        extra={
+            "silver_version": result.applied_version,
+            "bronze_version": result.bronze_version,
+            "replay_id": replay_id,
+        },
     )
     return result
 
 
-__all__ = ["ReplayError", "ReplayResult", "apply", "rebuild_shadow", "shadow_name", "verify"]
+__all__ = [
+    "ReplayError",
+    "ReplayProgress",
+    "ReplayResult",
+    "apply",
+    "check_delete_mode",
+    "check_lakehouse",
+    "rebuild_shadow",
+    "record_delete_mode",
+    "recorded_delete_mode",
+    "replay_app_id",
+    "replay_progress",
+    "shadow_name",
+    "verify",
+]

@@ -85,6 +85,9 @@ class SparkEngine:
         )
         for spec in ALL_TABLES:  # same schemas, partitioning and properties as the local engine
             self.store.ensure(spec)
+        from cdcflow.engines.local.replay import check_lakehouse
+
+        check_lakehouse(config)  # an unfinished replay --apply or another delete_mode: refuse
         self.spark: SparkSession = get_session(config.spark)
         from cdcflow.engines.spark.validate import check_pattern
 
