@@ -10,7 +10,6 @@ a realistic workload must be decided entirely by the column rules.
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -243,10 +242,45 @@ def test_split_lines_matches_the_python_reader(spark: Any) -> None:
     assert got == want
 
 
-def test_unicode_classes_in_the_pattern_match_as_in_python(spark: Any) -> None:
-    raws = [json.dumps(good(customer_id=c)) for c in ("C\u00a0X", "C-\u0663", "C-\u00e9", "CX")]
-    for pattern in (r"^\S+$", r"^C-\d+$", r"^C-\W+$", r"^C-\w+$"):
-        compare(spark, raws, RuleSet(re.compile(pattern), NOW, RULES.max_clock_skew))
+def test_pattern_classes_match_as_in_re2(spark: Any) -> None:
+    ids = ("C\u00a0X", "C-\u0663", "C-\u00e9", "CX", "C\u2028X", "C\u0085X", "c-\u00c9", "C-1")
+    raws = [json.dumps(good(customer_id=c)) for c in ids]
+    patterns = (
+        r"^\S+$",
+        r"^C-\d+$",
+        r"^C-\W+$",
+        r"^C-\w+$",
+        r"^C.X$",  # . matches U+2028 and U+0085 in RE2 (Java: with (?d))
+        "(?i)^C-\u00e9$",  # Unicode case folding (Java: with (?u))
+        r"^C-\p{Nd}+$",
+    )
+    for pattern in patterns:
+        compare(spark, raws, RuleSet(pattern, NOW, RULES.max_clock_skew))
+
+
+def test_edge_values_agree(spark: Any) -> None:
+    base = json.dumps(good())[:-1]
+    deep = "[" * 399 + '{"a": 1}' + "]" * 399
+    decided = [
+        json.dumps(good(event_timestamp="2025-06-30T10:00:00z")),
+        json.dumps(good(event_timestamp="2025-06-30T10:00:00.123456789z")),
+        json.dumps(good(event_timestamp=253_402_300_800_000)),  # beyond 9999: FUTURE
+        json.dumps(good(event_timestamp="253402300800000")),
+        json.dumps(good(event_timestamp=10**18)),
+        json.dumps(good(event_timestamp="999999999999999")),
+        json.dumps(good(event_timestamp=-2_208_988_800_001)),  # 1899: a valid instant
+    ]
+    undecided = [
+        "\ufeff" + json.dumps(good()),  # BOM
+        json.dumps(good(event_timestamp="2016-12-31T23:59:60Z")),  # leap second
+        json.dumps(good(event_timestamp="2017-01-01T01:59:60.5+02:00")),
+        json.dumps(good(event_timestamp=-62_135_596_800_001)),  # before year 1
+        json.dumps(good(event_timestamp="9999-12-31T23:30:00-01:00")),
+        base + ', "extra": ' + deep + "}",  # nested 400 deep
+        base + ', "city": ' + deep + "}",
+    ]
+    assert compare(spark, decided) == (len(decided), 0)
+    compare(spark, undecided)  # whatever the column rules decide agrees; the rest goes to Python
 
 
 def test_python_only_pattern_syntax_is_a_config_error(spark: Any) -> None:
@@ -256,3 +290,6 @@ def test_python_only_pattern_syntax_is_a_config_error(spark: Any) -> None:
     check_pattern(spark, r"^C-[0-9]+$")
     with pytest.raises(ConfigError, match=r"processing\.customer_id_pattern"):
         check_pattern(spark, r"^(?P<prefix>C)-[0-9]+$")
+    # Java backtracks: a repeated variable group is refused at engine start
+    with pytest.raises(ConfigError, match=r"processing\.customer_id_pattern.*exponential"):
+        check_pattern(spark, r"^(a+)+$")

@@ -289,10 +289,15 @@ def parse_event_timestamp(value: Any) -> datetime:
         raise InvalidTimestamp("event_timestamp is before year 1 (epoch milliseconds)") from None
 
 
+def _last_microsecond(match: re.Match[str]) -> str:
+    return f"{match.group(1)}:59.999999"
+
+
 def _parse_iso(text: str) -> datetime:
     if text.endswith("z"):
         text = text[:-1] + "Z"
-    text = _LEAP_SECOND.sub(r"\1:59.999999", text, count=1)
+    if ":60" in text:
+        text = _LEAP_SECOND.sub(_last_microsecond, text, count=1)
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
@@ -326,7 +331,7 @@ def sub_microsecond_nanos(value: Any) -> int:
     """
     if not isinstance(value, str):
         return 0
-    if _LEAP_SECOND.search(value.strip()):
+    if ":60" in value and _LEAP_SECOND.search(value.strip()):
         return _LEAP_NANOS
     match = _FRACTION.search(value)
     if not match or len(match.group(1)) <= 6:
@@ -428,25 +433,35 @@ def _shape(value: Any) -> tuple[bool, int]:
     """(a float anywhere in the value, nesting depth), by an iterative walk (no recursion).
 
     A float is what orjson makes of a fraction/exponent or an integer above 64 bits. The depth
-    of a scalar is 0, of ``[]`` or ``{}`` 1.
+    of a scalar is 0, of ``[]`` or ``{}`` 1. The walk stops once deeper than ``MAX_NESTING``.
     """
-    floats, deepest = False, 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    kind = type(value)
+    if kind is float:
+        return True, 0
+    if kind is not dict and kind is not list:
+        return False, 0
+    floats, deepest = False, 1
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, float):
-            floats = True
-        elif isinstance(item, dict | list):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_NESTING:
-                    break
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend(
-                (child, depth) for child in children if isinstance(child, dict | list | float)
-            )
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_NESTING:
+                break
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is float:
+                floats = True
+            elif kind is dict or kind is list:
+                stack.append((child, depth + 1))
     return floats, deepest
+
+
+def _later_than(rules: RuleSet) -> str:
+    return (
+        f"later than processing time {rules.processing_time.isoformat()} + "
+        f"processing.max_clock_skew ({rules.max_clock_skew})"
+    )
 
 
 def _pattern_text(rules: RuleSet) -> str:
@@ -492,20 +507,18 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
     raw_ts = record.get("event_timestamp")
     if _blank(raw_ts):
         return reject("NULL_EVENT_TIMESTAMP", "event_timestamp is missing, null or blank")
-    limit = (
-        f"later than processing time {rules.processing_time.isoformat()} + "
-        f"processing.max_clock_skew ({rules.max_clock_skew})"
-    )
     try:
         event_timestamp = parse_event_timestamp(raw_ts)
     except TimestampBeyondRange:
-        return reject("FUTURE_EVENT_TIMESTAMP", f"event_timestamp is after year 9999, {limit}")
+        return reject(
+            "FUTURE_EVENT_TIMESTAMP", f"event_timestamp is after year 9999, {_later_than(rules)}"
+        )
     except InvalidTimestamp as exc:  # its messages never quote the value
         return reject("INVALID_EVENT_TIMESTAMP", str(exc))
     except (ValueError, OverflowError):
         return reject("INVALID_EVENT_TIMESTAMP", f"event_timestamp {_NOT_A_TIMESTAMP}")
     if event_timestamp > rules.processing_time + rules.max_clock_skew:
-        return reject("FUTURE_EVENT_TIMESTAMP", f"event_timestamp is {limit}")
+        return reject("FUTURE_EVENT_TIMESTAMP", f"event_timestamp is {_later_than(rules)}")
 
     metadata = record.get("metadata")
     raw_lsn = metadata.get("lsn") if isinstance(metadata, dict) else None

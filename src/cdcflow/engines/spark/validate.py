@@ -15,8 +15,9 @@ exactly. Every other line gets a reason, and the engine hands it to the shared P
 exceptions, not the hot path: rejected lines (quarantine), and lines this rendering does not decide
 (reason ``UNDECIDED``): numbers with a fraction or exponent or wider than 64 bits, escaped control
 characters or surrogates, characters both in U+E000..U+FFFF and above U+FFFF (key order),
-timestamps outside the ``YYYY-MM-DD[T ]hh:mm:ss[.f*][Z|±hh:mm]`` / epoch-milliseconds shapes,
-and LSNs beyond 64 bits.
+timestamps outside the ``YYYY-MM-DD[T ]hh:mm:ss[.f*][Z|z|±hh:mm]`` / epoch-milliseconds shapes
+(a leap second ``:60``, a leading byte order mark) or outside years 1000..9999 (epoch
+milliseconds beyond 9999 are decided here: ``FUTURE_EVENT_TIMESTAMP``), and LSNs beyond 64 bits.
 
 Line splitting follows :func:`cdcflow.sources.files.read_records`: lines end at ``\\n``, trailing
 ``\\r``/``\\n`` are removed, lines holding only ASCII whitespace are skipped, numbering is 1-based.
@@ -344,7 +345,7 @@ def _timestamp(ts: _Field) -> tuple[Column, Column, Column, Column]:
     nanos = F.when(ts.is_string & iso, F.rpad(F.substring(fraction, 7, 3), 3, "0")).otherwise(
         _lit("000")
     )
-    value = F.when(F.year(value) >= 1000, value)
+    value = F.when(F.year(value).between(1000, 9999), value)  # else left to Python
     beyond = F.coalesce(millis > _MAX_MS, _lit(False))
     return value, nanos, (ts.is_string & (iso | epoch_text)) | ts.is_int, beyond
 
