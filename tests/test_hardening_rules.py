@@ -203,6 +203,8 @@ def test_reconcile_source_snapshot_errors_carry_no_row_values(tmp_path: Path) ->
         assert str(path) in message
         for value in PII:
             assert value not in message, (name, message)
+        if name != "quote.csv":
+            continue
         # the command as a user runs it: exit code 2, no row values on stderr
         done = subprocess.run(
             [sys.executable, "-m", "cdcflow", *args], capture_output=True, text=True, check=False
