@@ -50,14 +50,30 @@ def gold(config: ConfigOption) -> None:
 def optimize(
     config: ConfigOption,
     vacuum: Annotated[bool, typer.Option(help="Vacuum after compaction.")] = True,
+    wait: Annotated[
+        str,
+        typer.Option(
+            help="How long to wait for a running pipeline to release the checkpoint lock "
+            "(e.g. 10m; 0: fail at once)."
+        ),
+    ] = "0",
 ) -> None:
-    """Z-order Silver, compact the other tables and vacuum (maintenance section of the config)."""
-    from cdcflow.cli.app import console, load
-    from cdcflow.engines.local.maintenance import optimize as run_optimize
+    """Z-order Silver, compact the other tables and vacuum (maintenance section of the config).
 
+    Holds the pipeline's checkpoint lock: it runs between pipeline runs, never under one.
+    """
+    from cdcflow.cli.app import console, load
+    from cdcflow.config import parse_duration
+    from cdcflow.engines.local.maintenance import optimize as run_optimize
+    from cdcflow.errors import ConfigError
+
+    try:
+        patience = parse_duration(wait)
+    except ValueError as exc:
+        raise ConfigError(f"--wait: {exc}") from None
     cfg = load(config)
     with console.status("optimizing Delta tables"):
-        done = run_optimize(cfg, vacuum=vacuum)
+        done = run_optimize(cfg, vacuum=vacuum, wait=patience)
     table = Table(title="optimize")
     for header in ("table", "action", "files added", "files removed", "vacuumed", "version"):
         table.add_column(header)

@@ -10,21 +10,71 @@
 
 Optimize rewrites files with a ``dataChange = false`` commit: the content of every table (and its
 Change Data Feed) is unchanged.
+
+Concurrency: optimize holds the pipeline's checkpoint lock (the one ``run`` and ``replay --apply``
+hold), so it never rewrites files under a running micro-batch: while a run holds it, optimize
+stops with one line (or waits up to ``wait``). A commit that still conflicts with a writer that
+takes no lock (e.g. ``cdcflow gold``) is retried from the table's new version, up to
+:data:`COMMIT_ATTEMPTS` times, then reported in one line.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.errors import CheckpointError, TableError
 from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.layers.tables import ALL_TABLES, SILVER, TableSpec
 from cdcflow.logs import get_logger
+from cdcflow.state.checkpoint import Checkpoint
 
 log = get_logger("engine.local.maintenance")
+
+T = TypeVar("T")
+
+COMMIT_ATTEMPTS = 4
+"""Attempts of one table's compaction / Z-order when its commit conflicts."""
+
+_LOCK_POLL_SECONDS = 0.2
+
+
+@contextmanager
+def checkpoint_lock(location: str, wait: timedelta | None = None) -> Iterator[None]:
+    """Hold the checkpoint's run lock, waiting up to ``wait`` for a running pipeline to end.
+
+    Args:
+        location: ``checkpoint.location``.
+        wait: how long to wait for the lock (None or 0: do not wait).
+
+    Raises:
+        CheckpointError: another process still holds the lock (one line, says what to do).
+    """
+    checkpoint = Checkpoint(location)
+    deadline = time.monotonic() + (wait.total_seconds() if wait else 0.0)
+    with ExitStack() as stack:
+        while True:
+            try:
+                stack.enter_context(checkpoint.lock())
+                break
+            except CheckpointError:
+                if time.monotonic() >= deadline:
+                    waited = f" after waiting {wait}" if wait else ""
+                    raise CheckpointError(
+                        f"{location}: a running cdcflow pipeline (or replay) holds this "
+                        f"checkpoint's lock{waited}; optimize runs between runs: try again when "
+                        "it has stopped (or pass --wait, e.g. --wait 10m)"
+                    ) from None
+                time.sleep(_LOCK_POLL_SECONDS)
+        yield
 
 
 @dataclass
@@ -51,49 +101,99 @@ def _tables() -> tuple[TableSpec, ...]:
     return (*ALL_TABLES, *GOLD_TABLES)
 
 
-def optimize(config: CdcflowConfig, vacuum: bool = True) -> list[TableMaintenance]:
-    """Compact / Z-order every existing table and vacuum it.
+def _committed(
+    spec: TableSpec,
+    action: str,
+    open_table: Callable[[], DeltaTable],
+    operation: Callable[[DeltaTable], T],
+) -> tuple[DeltaTable, T]:
+    """Run ``operation`` on a freshly opened table, again from the new version on a conflict.
+
+    Raises:
+        TableNotFoundError: the table does not exist.
+        TableError: the commit conflicted :data:`COMMIT_ATTEMPTS` times.
+    """
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        table = open_table()
+        try:
+            return table, operation(table)
+        except CommitFailedError as exc:
+            text = str(exc).strip()
+            reason = text.splitlines()[0] if text else "commit failed"
+            if attempt == COMMIT_ATTEMPTS:
+                raise TableError(
+                    f"{spec.name}: optimize ({action}) conflicted with a concurrent commit "
+                    f"{attempt} times ({reason}); nothing of it was committed: run optimize again"
+                ) from exc
+            log.warning(
+                "optimize commit conflicted, retrying from the new version",
+                extra={"table": spec.name, "action": action, "attempt": attempt},
+            )
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def optimize(
+    config: CdcflowConfig, vacuum: bool = True, wait: timedelta | None = None
+) -> list[TableMaintenance]:
+    """Compact / Z-order every existing table and vacuum it, holding the checkpoint lock.
 
     Args:
         config: the pipeline configuration (``maintenance`` section).
         vacuum: also vacuum (default True).
+        wait: how long to wait for a running pipeline to release the lock (None: fail at once).
 
     Returns:
         One entry per existing table (tables never created are skipped).
+
+    Raises:
+        CheckpointError: a running pipeline (or replay) holds the checkpoint lock.
+        TableError: a table's rewrite kept conflicting with concurrent commits.
     """
     settings = config.maintenance
     retention_hours = int(settings.vacuum_retention.total_seconds() // 3600)
     options = config.storage.options or None
+    zorder_by = list(settings.zorder_silver_by)
     done = []
-    for spec in _tables():
-        try:
-            table = DeltaTable(config.table_uri(spec.name), storage_options=options)
-        except TableNotFoundError:
-            continue
-        if spec is SILVER and settings.zorder_silver_by:
-            metrics = table.optimize.z_order(list(settings.zorder_silver_by))
-            action = "zorder"
-        else:
-            metrics = table.optimize.compact()
-            action = "compact"
-        vacuumed: list[str] = []
-        if vacuum:
-            vacuumed = table.vacuum(
-                retention_hours=retention_hours,
-                dry_run=False,
-                enforce_retention_duration=False,
+    with checkpoint_lock(config.checkpoint.location, wait):
+        for spec in _tables():
+            uri = config.table_uri(spec.name)
+
+            def open_table(uri: str = uri) -> DeltaTable:
+                return DeltaTable(uri, storage_options=options)
+
+            action = "zorder" if spec is SILVER and zorder_by else "compact"
+
+            def rewrite(table: DeltaTable, action: str = action) -> dict[str, Any]:
+                if action == "zorder":
+                    return table.optimize.z_order(zorder_by)
+                return table.optimize.compact()
+
+            def clean(table: DeltaTable) -> list[str]:
+                return table.vacuum(
+                    retention_hours=retention_hours,
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                )
+
+            try:
+                table, metrics = _committed(spec, action, open_table, rewrite)
+            except TableNotFoundError:
+                continue
+            vacuumed: list[str] = []
+            if vacuum:
+                table, vacuumed = _committed(spec, "vacuum", open_table, clean)
+            entry = TableMaintenance(
+                table=spec.name,
+                action=action,
+                files_added=int(metrics.get("numFilesAdded", 0)),
+                files_removed=int(metrics.get("numFilesRemoved", 0)),
+                files_vacuumed=len(vacuumed),
+                version=table.version(),
             )
-        entry = TableMaintenance(
-            table=spec.name,
-            action=action,
-            files_added=int(metrics.get("numFilesAdded", 0)),
-            files_removed=int(metrics.get("numFilesRemoved", 0)),
-            files_vacuumed=len(vacuumed),
-            version=table.version(),
-        )
-        done.append(entry)
-        log.info("table optimized", extra={"maintenance": entry.__dict__})
+            done.append(entry)
+            log.info("table optimized", extra={"maintenance": entry.__dict__})
     return done
 
 
-__all__ = ["TableMaintenance", "optimize"]
+__all__ = ["COMMIT_ATTEMPTS", "TableMaintenance", "checkpoint_lock", "optimize"]
