@@ -122,3 +122,110 @@ def test_errors_are_one_line_with_nonzero_exit(workdir: Path) -> None:
     assert trigger.returncode == 2 and "--trigger" in trigger.stderr
     missing = cdcflow("run", "--config", "nope.yaml", cwd=workdir)
     assert missing.returncode == 2 and "nope.yaml" in missing.stderr
+
+
+# ---------------------------------------------- issue 11, item 9: every error is exactly one line
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    return lines[0]
+
+
+LONG_PATH = "/missing/" + "a-rather-long-folder-name/" * 4 + "config.yaml"
+
+
+@pytest.mark.parametrize("columns", [None, "40"])
+def test_errors_are_exactly_one_line_whatever_the_width(workdir: Path, columns: str | None) -> None:
+    env = {"COLUMNS": columns} if columns else {}
+    missing = cdcflow("run", "--config", LONG_PATH, cwd=workdir, env=env)
+    assert missing.returncode == 2
+    assert LONG_PATH in one_error_line(missing)
+
+
+def test_usage_and_parse_errors_are_one_line_exit_2(workdir: Path) -> None:
+    env = {"COLUMNS": "40"}
+    usage = {
+        ("run", "--bogus"): "--bogus",
+        ("bogus",): "bogus",
+        ("run",): "--config",
+        ("run", "--config", "cdcflow.yaml", "--trigger"): "--trigger",
+        ("as-of", "--config", "cdcflow.yaml", "--version", "-1"): "--version",
+        ("optimize", "--config", "cdcflow.yaml", "--wait", "soon"): "--wait",
+    }
+    for args, named in usage.items():
+        result = cdcflow(*args, cwd=workdir, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert named in one_error_line(result), args
+    bad_yaml = workdir / "broken.yaml"
+    bad_yaml.write_text("storage: {root: [\n  bad: : x\n")  # the YAML error spans 5 lines
+    result = cdcflow("run", "--config", "broken.yaml", cwd=workdir, env=env)
+    assert result.returncode == 2 and "broken.yaml" in one_error_line(result)
+    debug = cdcflow("--debug", "run", "--config", LONG_PATH, cwd=workdir, env=env)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    assert debug.stderr.splitlines()[-1].startswith("error: ")
+
+
+def test_unwritable_storage_root_is_a_configuration_error(workdir: Path) -> None:
+    (workdir / "landing").mkdir()
+    (workdir / "landing" / "a.jsonl").write_text("{}\n")
+    (workdir / "a-file").write_text("not a folder\n")
+    config = CONFIG.replace("./lakehouse}", "./a-file/lakehouse}").replace(
+        "./lakehouse/_checkpoints", "./checkpoints"
+    )
+    (workdir / "under-file.yaml").write_text(config)
+    for command in (("run",), ("gold",)):
+        result = cdcflow(*command, "--config", "under-file.yaml", cwd=workdir)
+        assert result.returncode == 2, result.stderr
+        line = one_error_line(result)
+        assert "storage.root" in line and f"{workdir / 'a-file'} is a file" in line, line
+    if os.geteuid() != 0:  # root writes anywhere
+        (workdir / "read-only").mkdir(mode=0o555)
+        (workdir / "ro.yaml").write_text(
+            CONFIG.replace("./lakehouse}", "./read-only/lakehouse}").replace(
+                "./lakehouse/_checkpoints", "./checkpoints"
+            )
+        )
+        result = cdcflow("run", "--config", "ro.yaml", cwd=workdir)
+        assert result.returncode == 2, result.stderr
+        assert f"{workdir / 'read-only'} is not writable" in one_error_line(result)
+
+
+def test_read_only_storage_root_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The not-writable reason (checked with os.access, which root always passes)."""
+    import cdcflow.engines.local.delta as delta
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    monkeypatch.setattr(delta.os, "access", lambda path, mode: Path(path) != folder)
+    error = delta.unwritable_root(str(folder / "lake" / "silver"), PermissionError("denied"))
+    assert str(error) == (
+        f"storage.root: cannot create Delta table {folder / 'lake' / 'silver'} "
+        f"({folder} is not writable)"
+    )
+
+
+def test_unexpected_errors_and_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cdcflow import pipeline
+    from cdcflow.cli import app as cli_app
+    from cdcflow.config import CdcflowConfig
+
+    one_line = cli_app.one_line
+    assert one_line("a\n  b\r\nc\u2028d\x85e") == "a | b | c | d | e"
+    assert one_line("tab\there \x1b[31m red") == "tab\\x09here \\x1b[31m red"
+    assert one_line("/data/sp ace/文件/ü") == "/data/sp ace/文件/ü"
+
+    def crash(*_: object, **__: object) -> None:
+        raise RuntimeError("first line\nsecond line\n  third line")
+
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", crash)
+    monkeypatch.setattr(cli_app, "load_config", lambda path: CdcflowConfig())
+    monkeypatch.setattr(sys, "argv", ["cdcflow", "run", "--config", "x.yaml"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_app.main()
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == (
+        "error: unexpected RuntimeError: first line | second line | third line\n"
+    )

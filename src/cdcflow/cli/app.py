@@ -1,13 +1,16 @@
 """The ``cdcflow`` command.
 
 Errors: a :class:`~cdcflow.errors.CdcflowError` prints one line on stderr and exits with code 2
-(the traceback only with ``--debug``); a crash of anything else exits with code 1.
+(the traceback only with ``--debug``); a usage error (unknown option, missing value...) prints one
+line and exits with code 2; a crash of anything else prints one line and exits with code 1. Each
+error is exactly one line whatever the terminal width (:func:`print_error`).
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
+import unicodedata
 from pathlib import Path
 from typing import Annotated
 
@@ -27,8 +30,55 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True)
 _state = {"debug": False}
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line: its lines joined with `` | ``, control characters escaped.
+
+    Args:
+        text: a message that may span lines (e.g. a delta-rs or pydantic error).
+
+    Returns:
+        The message without line breaks (``\\n``, ``\\r``, U+2028...); other control and
+        format characters are shown as ``\\xNN`` / ``\\uNNNN``, spaces inside a line are kept.
+    """
+    parts = [part.strip() for part in text.splitlines()]
+    joined = " | ".join(part for part in parts if part)
+
+    def shown(char: str) -> str:
+        category = unicodedata.category(char)
+        if not category.startswith("C") and category not in ("Zl", "Zp"):
+            return char
+        code = ord(char)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return "".join(shown(char) for char in joined)
+
+
+def print_error(message: str) -> None:
+    """Write ``error: <message>`` to stderr as exactly one line.
+
+    Plain text, not Rich: Rich wraps at 80 columns when stderr is not a terminal.
+    """
+    sys.stderr.write(f"error: {one_line(message)}\n")
+    sys.stderr.flush()
+
+
+def _click_exception(exc: BaseException) -> bool:
+    """True for Click's ``ClickException`` (Typer may vendor its own copy of Click)."""
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__) and hasattr(
+        exc, "format_message"
+    )
+
+
+def _usage_message(exc: Exception) -> str:
+    message: str = exc.format_message()  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and type(exc).__name__ != "ClickException":
+        message = f"{message} (see: {ctx.command_path} --help)"
+    return message
+
 
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
@@ -112,20 +162,22 @@ def main() -> None:
     except CdcflowError as exc:
         if _state["debug"]:
             traceback.print_exc()
-        err_console.print(f"error: {exc}", markup=False, highlight=False)
+        print_error(str(exc))
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        err_console.print("aborted")
+        print_error("aborted")
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception as exc:  # click usage errors and crashes
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if _click_exception(exc):
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `cdcflow` alone: the help is shown
+                sys.exit(2)
+            if _state["debug"]:
+                traceback.print_exc()
+            print_error(_usage_message(exc))
+            sys.exit(int(getattr(exc, "exit_code", 2)))
         if _state["debug"]:
             traceback.print_exc()
-        err_console.print(f"error: unexpected {type(exc).__name__}: {exc}", markup=False)
+        print_error(f"unexpected {type(exc).__name__}: {exc}")
         sys.exit(1)

@@ -43,19 +43,31 @@ def local_path(uri: str) -> Path | None:
 def unwritable_root(uri: str, exc: BaseException) -> ConfigError:
     """The configuration error for a table that cannot be created under ``storage.root``.
 
-    For a local path the reason is found by creating the table's folder (e.g. ``Not a
-    directory: '/data/file'`` or ``Permission denied: '/data/ro/lake'``); otherwise the error
-    of delta-rs (its first line).
+    For a local path the reason names the folder in the way: the nearest existing ancestor of
+    the table's folder when it is a file or is not writable, else the error of creating the
+    folder; for an object-store URI the first line of the delta-rs error.
+
+    Args:
+        uri: the table's URI (``storage.root`` / table name).
+        exc: the error delta-rs raised when creating the table.
+
+    Returns:
+        A one-line :class:`~cdcflow.errors.ConfigError` naming the path.
     """
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = str(exc).strip()
+    reason = text.splitlines()[0] if text else type(exc).__name__
     path = local_path(uri)
     if path is not None:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            if not os.access(path, os.W_OK | os.X_OK):
-                reason = f"Permission denied: '{path}'"
-        except OSError as err:
-            reason = f"{err.strerror}: '{err.filename}'" if err.filename else str(err)
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            reason = f"{existing} is a file, not a folder"
+        elif existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+            reason = f"{existing} is not writable"
+        else:
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                reason = f"{err.strerror}: {err.filename}" if err.filename else str(err)
     return ConfigError(f"storage.root: cannot create Delta table {uri} ({reason})")
 
 
