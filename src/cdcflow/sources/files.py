@@ -143,6 +143,34 @@ def fingerprint(path: str | Path, size: int) -> tuple[str, int, bool]:
     return digest.hexdigest(), read, last == b"\n"
 
 
+def fingerprinted(file: LandingFile) -> LandingFile:
+    """The file with the SHA-256 of its first ``size`` bytes (``size`` cut to what is there).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    digest, read, _ = fingerprint(file.path, file.size)
+    return replace(file, size=read, sha256=digest)
+
+
+def check_taken(file: LandingFile, batch_id: int | None) -> None:
+    """Check that a file still holds the bytes a recorded micro-batch took from it.
+
+    Raises:
+        LandingFileChangedError: the file is gone, shorter than ``file.size``, or its first
+            ``file.size`` bytes no longer hash to ``file.sha256``.
+    """
+    try:
+        digest, read, _ = fingerprint(file.path, file.size)
+    except FileNotFoundError:
+        raise LandingFileChangedError(file, batch_id, "no longer exists") from None
+    except OSError as exc:
+        raise LandingFileChangedError(
+            file, batch_id, f"cannot be opened ({exc.strerror})"
+        ) from None
+    _check(file, batch_id, read, digest)
+
+
 def _listed(entry: Path) -> LandingFile:
     stat = entry.stat()
     return LandingFile(str(entry.resolve()), stat.st_size, stat.st_mtime_ns, inode=stat.st_ino)
@@ -176,6 +204,7 @@ def plan_landing(
     *,
     now: datetime,
     min_file_age: timedelta = timedelta(0),
+    new_files: bool = True,
 ) -> tuple[list[LandingFile], list[LandingFile]]:
     """Decide what of the landing folder a new micro-batch takes.
 
@@ -184,6 +213,7 @@ def plan_landing(
         taken: per path, the latest range an earlier micro-batch took (from the offset log).
         now: the listing time (UTC), for ``min_file_age``.
         min_file_age: files modified more recently than this are left for a later trigger.
+        new_files: False to look only at files an earlier micro-batch took (changed files).
 
     Returns:
         (files to take, in (mtime, name) order, each with its range, fingerprint and
@@ -193,6 +223,8 @@ def plan_landing(
     plan: list[LandingFile] = []
     young: list[LandingFile] = []
     for listed in list_landing(folder):
+        if not new_files and listed.path not in taken:
+            continue
         try:
             item = _plan_one(listed, taken.get(listed.path))
         except FileNotFoundError:  # removed while listing: nothing to take
@@ -213,8 +245,8 @@ def _plan_one(listed: LandingFile, before: LandingFile | None) -> LandingFile | 
         before.inode,
     ):
         return None  # unchanged
-    digest, read, _ = fingerprint(listed.path, listed.size)
-    listed = replace(listed, size=read, sha256=digest)
+    listed = fingerprinted(listed)
+    read = listed.size
     if before is None:
         return listed
     if before.sha256 is not None and read >= before.size:
@@ -260,8 +292,9 @@ def read_records(file: LandingFile, batch_id: int | None = None) -> Iterator[Raw
         if file.is_gzip:
             raw = handle.read(file.size)
             digest.update(raw)
-            _check(file, batch_id, len(raw), digest)
-            yield from _gzip_lines(file, raw)
+            _check(file, batch_id, len(raw), digest.hexdigest())
+            for line_no, data, error in content_lines(file.path, raw):
+                yield RawRecord(file.path, line_no, data, error)
             return
         offset = line_no = 0
         while offset < file.size:
@@ -277,24 +310,51 @@ def read_records(file: LandingFile, batch_id: int | None = None) -> Iterator[Raw
             data = line.rstrip(b"\r\n")
             if data.strip():
                 yield RawRecord(file.path, line_no, data)
-        _check(file, batch_id, offset, digest)
+        _check(file, batch_id, offset, digest.hexdigest())
 
 
-def _check(file: LandingFile, batch_id: int | None, read: int, digest: Any) -> None:
+def _check(file: LandingFile, batch_id: int | None, read: int, digest: str) -> None:
     if read < file.size:
         raise LandingFileChangedError(file, batch_id, f"is now {read} bytes long")
-    if file.sha256 is not None and digest.hexdigest() != file.sha256:
+    if file.sha256 is not None and digest != file.sha256:
         raise LandingFileChangedError(file, batch_id, "has different content")
 
 
-def _gzip_lines(file: LandingFile, raw: bytes) -> Iterator[RawRecord]:
+def unreadable_detail(exc: BaseException) -> str:
+    """Quarantine detail for file content that cannot be decoded: the kind of problem only.
+
+    The exception's own text is not used: for a file that is not gzip it quotes the file's
+    first bytes.
+    """
+    if isinstance(exc, gzip.BadGzipFile):
+        kind = "not a gzip file"
+    elif isinstance(exc, EOFError):
+        kind = "the gzip stream ends early"
+    elif isinstance(exc, zlib.error):
+        kind = "corrupt gzip data"
+    else:
+        kind = type(exc).__name__
+    return f"unreadable file content: {kind}"
+
+
+def content_lines(name: str, content: bytes) -> Iterator[tuple[int, bytes | None, str | None]]:
+    """Split a landing file's bytes into its non-blank lines (gzip decoded by ``name``).
+
+    Yields:
+        (1-based line number, the line without its terminator, None); when gzip content stops
+        being readable, one last (line number, None, :func:`unreadable_detail`).
+    """
     line_no = 0
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb") as handle:
-            for line in handle:
-                line_no += 1
-                data = line.rstrip(b"\r\n")
-                if data.strip():
-                    yield RawRecord(file.path, line_no, data)
+        handle: Any = (
+            gzip.GzipFile(fileobj=io.BytesIO(content))
+            if name.endswith(".gz")
+            else io.BytesIO(content)
+        )
+        for line in handle:
+            line_no += 1
+            data = line.rstrip(b"\r\n")
+            if data.strip():
+                yield line_no, data, None
     except (OSError, EOFError, zlib.error) as exc:
-        yield RawRecord(file.path, line_no + 1, None, f"unreadable file content: {exc}")
+        yield line_no + 1, None, unreadable_detail(exc)

@@ -24,10 +24,12 @@ list.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import DeltaStore, txn_done
-from cdcflow.errors import CheckpointError, ConfigError
+from cdcflow.errors import CheckpointError, ConfigError, LandingFileChangedError
 from cdcflow.layers.tables import (
     ALL_TABLES,
     BATCH_LOG,
@@ -52,7 +54,7 @@ from cdcflow.logs import get_logger
 from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, silver_merge_spec
 from cdcflow.report import BatchReport
 from cdcflow.signals import stop_on_signals
-from cdcflow.sources.files import LandingFile
+from cdcflow.sources.files import LandingFile, check_taken, fingerprinted, plan_landing
 from cdcflow.state.checkpoint import BatchOffsets, Checkpoint, write_atomic
 from cdcflow.state.faults import crash_point
 
@@ -79,6 +81,11 @@ class SparkEngine:
         self.app_id = f"cdcflow-{config.pipeline.name}"
         if config.source.type != "files":
             raise ConfigError("pipeline.engine: spark reads landing files only (source.type)")
+        if config.source.min_file_age:
+            raise ConfigError(
+                "source.min_file_age: not supported by pipeline.engine: spark (its file source "
+                "lists a file once); use the local engine for writers that append in place"
+            )
         self.store = DeltaStore(
             {spec.name: config.table_uri(spec.name) for spec in ALL_TABLES},
             config.storage.options,
@@ -154,6 +161,7 @@ class SparkEngine:
         self._on_batch = on_batch
         self._error: BaseException | None = None
         Path(self.config.source.path).mkdir(parents=True, exist_ok=True)
+        self._warn_changed_files()
         stream = (
             self.spark.readStream.format("binaryFile")
             .schema(BINARY_FILE_DDL)
@@ -194,6 +202,50 @@ class SparkEngine:
             raise
         if self._error is not None:
             raise self._error
+
+    @staticmethod
+    def _taken_file(row: Any, recorded: LandingFile | None, batch_id: int | None) -> LandingFile:
+        """A landing file of the stream's micro-batch, as this batch takes it.
+
+        A re-run takes exactly the recorded bytes; a first attempt fingerprints the file as
+        listed.
+
+        Raises:
+            LandingFileChangedError: the file is gone.
+        """
+        from cdcflow.engines.spark.parse import local_path
+
+        if recorded is not None:  # checked against its fingerprint by the caller
+            return recorded
+        path = local_path(row["path"])
+        listed = LandingFile(path, int(row["length"]), _ns(row["modificationTime"]))
+        try:
+            listed = replace(listed, inode=os.stat(path).st_ino)
+            return fingerprinted(listed)
+        except FileNotFoundError:
+            raise LandingFileChangedError(listed, batch_id, "no longer exists") from None
+
+    def _warn_changed_files(self) -> None:
+        """Log a warning per landing file that changed after a micro-batch took it.
+
+        Spark's file source lists a path once, so this engine does not take such a file again;
+        the local engine does (appended bytes, or the whole file as new content) on its next
+        run over the same checkpoint.
+        """
+        changed, _ = plan_landing(
+            self.config.source.path,
+            self.checkpoint.taken(),
+            now=datetime.now(UTC),
+            new_files=False,
+        )
+        for file in changed:
+            if file.change != "new":
+                log.warning(
+                    f"landing file {file.change} after an earlier micro-batch took it; the "
+                    "spark engine does not read a file twice: run once with "
+                    "pipeline.engine: local to take the change",
+                    extra={"path": file.path, "start": file.start},
+                )
 
     def _guarded_batch(self, frame: DataFrame, spark_batch_id: int) -> None:
         try:
@@ -249,16 +301,21 @@ class SparkEngine:
         started = time.perf_counter()
         # file metadata only (binaryFile prunes the content column): the batch's files
         meta = frame.select("path", "length", "modificationTime", "_processing_time").collect()
+        batch_id = self._batch_ids().get(str(spark_batch_id))  # set: a re-run of this batch
+        taken = self.checkpoint.processed_paths()  # files of every batch of either engine
+        recorded: dict[str, LandingFile] = {}
+        if batch_id is not None and (self.checkpoint.offsets_dir / f"{batch_id}.json").exists():
+            recorded = {f.path: f for f in self.checkpoint.offsets(batch_id).files}
+            taken -= set(recorded)
+            if not self.checkpoint.is_committed(batch_id):
+                for file in recorded.values():  # Spark skips a file that is gone: stop instead
+                    check_taken(file, batch_id)
         if not meta:
             return
         processing_time = meta[0]["_processing_time"].replace(tzinfo=UTC)
-        batch_id = self._batch_ids().get(str(spark_batch_id))  # set: a re-run of this batch
-        taken = self.checkpoint.processed_paths()  # files of every batch of either engine
-        if batch_id is not None and (self.checkpoint.offsets_dir / f"{batch_id}.json").exists():
-            taken -= {f.path for f in self.checkpoint.offsets(batch_id).files}
         files = sorted(
             (
-                LandingFile(local_path(r["path"]), int(r["length"]), _ns(r["modificationTime"]))
+                self._taken_file(r, recorded.get(local_path(r["path"])), batch_id)
                 for r in meta
                 if local_path(r["path"]) not in taken
             ),
@@ -285,10 +342,10 @@ class SparkEngine:
         stage = report.stage
 
         with stage("parse"):
-            taken = {f.path for f in files}
+            batch_files = {f.path: f for f in files}
             sources = {r["path"]: local_path(r["path"]) for r in meta}
-            sources = {hadoop: path for hadoop, path in sources.items() if path in taken}
-            records = self._records(frame, sources, processing_time).persist(
+            sources = {hadoop: path for hadoop, path in sources.items() if path in batch_files}
+            records = self._records(frame, sources, batch_files, processing_time).persist(
                 StorageLevel.MEMORY_AND_DISK
             )
             # duplicates: the first-arriving copy wins; earlier batches come from Bronze
@@ -495,13 +552,20 @@ class SparkEngine:
         self._on_batch(report)
 
     def _records(
-        self, frame: DataFrame, sources: dict[str, str], processing_time: datetime
+        self,
+        frame: DataFrame,
+        sources: dict[str, str],
+        taken: dict[str, LandingFile],
+        processing_time: datetime,
     ) -> DataFrame:
         """The batch's landing files → validated records (``RECORD_DDL``), one per line.
 
         Args:
             frame: the micro-batch of the ``binaryFile`` stream.
             sources: Hadoop path → local path (``source_file``) of the files to read.
+            taken: local path → the file as the batch's offsets record it: only its first
+                ``size`` bytes are read (a file that grew since is read only that far), and its
+                recorded modification time orders arrival (not the file's current one).
             processing_time: the batch's processing time (UTC).
 
         Column rules (:mod:`cdcflow.engines.spark.validate`) on the hot path; the shared Python
@@ -526,9 +590,17 @@ class SparkEngine:
             "max_clock_skew": rules.max_clock_skew,
         }
         wanted = self.spark.createDataFrame(
-            list(sources.items()), "path string, source_file string"
+            [
+                (hadoop, path, taken[path].size, taken[path].mtime_ns // 1000)
+                for hadoop, path in sources.items()
+            ],
+            "path string, source_file string, taken bigint, mtime_us bigint",
         )
-        content = frame.select("path", "modificationTime", "content")
+        content = frame.join(wanted.select("path", "taken", "mtime_us"), "path").select(
+            "path",
+            F.timestamp_micros("mtime_us").alias("modificationTime"),
+            F.expr("substring(content, 1, taken)").alias("content"),
+        )
         exact = F.col("path").endswith(".gz") | ~F.expr("is_valid_utf8(cast(content as string))")
         whole = (
             content.join(wanted.select("path"), "path", "left_semi")

@@ -16,9 +16,6 @@ reasons and normalised values.
 
 from __future__ import annotations
 
-import gzip
-import io
-import zlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
@@ -31,6 +28,7 @@ from cdcflow.layers.tables import TS
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.rules import Rejection, RuleSet, validate_record
+from cdcflow.sources.files import content_lines
 
 #: Schema of the parsed records (Spark DDL); ``ok`` = accepted by validation.
 RECORD_FIELDS = [
@@ -67,23 +65,6 @@ def local_path(path: str) -> str:
     if path.startswith("file:"):
         return unquote(urlparse(path).path)
     return path
-
-
-def _lines(path: str, content: bytes) -> Iterator[tuple[int, bytes | None, str | None]]:
-    line_no = 0
-    try:
-        handle: Any = (
-            gzip.GzipFile(fileobj=io.BytesIO(content))
-            if path.endswith(".gz")
-            else io.BytesIO(content)
-        )
-        for line in handle:
-            line_no += 1
-            data = line.rstrip(b"\r\n")
-            if data.strip():
-                yield line_no, data, None
-    except (OSError, EOFError, zlib.error) as exc:
-        yield line_no + 1, None, f"unreadable file content: {exc}"
 
 
 def _row(cols: dict[str, list[Any]], file: str, mtime: int, line: int, data: bytes | None) -> None:
@@ -146,7 +127,7 @@ def parse_files(
         for path, mtime, content in zip(paths, mtimes, contents, strict=True):
             file = local_path(path)
             cols: dict[str, list[Any]] = {name: [] for name in RECORD_SCHEMA.names}
-            for line, data, error in _lines(file, content or b""):
+            for line, data, error in content_lines(file, content or b""):
                 _row(cols, file, mtime // 1000, line, data)
                 if data is None:
                     _reject(cols, Rejection("MALFORMED_JSON", error or "unreadable"))
