@@ -205,6 +205,17 @@ def test_read_only_storage_root_message(tmp_path: Path, monkeypatch: pytest.Monk
     )
 
 
+def test_percent_escape_in_local_root_is_explained(tmp_path: Path) -> None:
+    """delta-rs decodes ``%20`` in a local path: a clear configuration error, not a crash."""
+    from cdcflow.engines.local.delta import DeltaStore
+    from cdcflow.errors import ConfigError
+    from cdcflow.layers.tables import BRONZE
+
+    uri = str(tmp_path / "50%20off" / "lake" / BRONZE.name)
+    with pytest.raises(ConfigError, match=r"delta-rs reads '%XX' in a local path"):
+        DeltaStore({BRONZE.name: uri}).ensure(BRONZE)
+
+
 def test_unexpected_errors_and_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

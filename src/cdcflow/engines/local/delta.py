@@ -16,6 +16,7 @@ local and object-store tables itself.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -44,8 +45,9 @@ def unwritable_root(uri: str, exc: BaseException) -> ConfigError:
     """The configuration error for a table that cannot be created under ``storage.root``.
 
     For a local path the reason names the folder in the way: the nearest existing ancestor of
-    the table's folder when it is a file or is not writable, else the error of creating the
-    folder; for an object-store URI the first line of the delta-rs error.
+    the table's folder when it is a file or is not writable; a ``%XX`` sequence in the path
+    (delta-rs decodes it, a bug of delta-rs); else the error of creating the folder. For an
+    object-store URI: the first line of the delta-rs error.
 
     Args:
         uri: the table's URI (``storage.root`` / table name).
@@ -63,6 +65,11 @@ def unwritable_root(uri: str, exc: BaseException) -> ConfigError:
             reason = f"{existing} is a file, not a folder"
         elif existing is not None and not os.access(existing, os.W_OK | os.X_OK):
             reason = f"{existing} is not writable"
+        elif re.search("%[0-9A-Fa-f]{2}", str(path)):
+            reason = (
+                "delta-rs reads '%XX' in a local path as an escaped character: "
+                "choose a storage.root without it"
+            )
         else:
             try:
                 path.mkdir(parents=True, exist_ok=True)
