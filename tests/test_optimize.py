@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cdcflow.cli.app import app
 from cdcflow.config import CdcflowConfig, load_config
-from cdcflow.engines.local.maintenance import optimize
+from cdcflow.engines.local.maintenance import optimize, optimize_between_runs
 from cdcflow.errors import CheckpointError, ConfigError, TableError
 from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.layers.tables import ALL_TABLES
@@ -140,7 +140,7 @@ def test_optimize_takes_the_checkpoint_lock(tmp_path: Path) -> None:
     holder = _hold_lock(location, 60)
     try:
         with pytest.raises(CheckpointError, match="holds this checkpoint's lock"):
-            optimize(lake.config)
+            optimize_between_runs(lake.config)
         refused = _cli("optimize", "--config", str(path), cwd=tmp_path)
         assert refused.returncode == 2
         assert len(refused.stderr.splitlines()) == 1, refused.stderr
@@ -242,3 +242,16 @@ def test_conflict_that_persists_is_reported_in_one_line(
     assert len(lines) == 1, err
     assert lines[0].startswith("error: silver/customers: optimize (zorder) conflicted")
     assert "run optimize again" in lines[0]
+
+
+def test_automatic_optimize_inside_a_run_needs_no_second_lock(tmp_path: Path) -> None:
+    """``maintenance.optimize_every_batches`` optimizes from the run, which holds the lock."""
+    lake = Lake(tmp_path, max_files=1)
+    lake.config.maintenance.optimize_every_batches = 2
+    for i in range(4):
+        operation = "INSERT" if i < 2 else "UPDATE"
+        lake.write([ev(f"E{i}", f"C-{i % 2}", operation, 10 + i, 5, **full())])
+    assert len(lake.run()) == 4
+    history = DeltaTable(lake.config.table_uri("silver/customers")).history()
+    assert sum(entry.get("operation") == "OPTIMIZE" for entry in history) == 2
+    assert lake.silver() == lake.expected().rows

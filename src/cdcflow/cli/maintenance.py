@@ -64,7 +64,7 @@ def optimize(
     """
     from cdcflow.cli.app import console, load
     from cdcflow.config import parse_duration
-    from cdcflow.engines.local.maintenance import optimize as run_optimize
+    from cdcflow.engines.local.maintenance import optimize_between_runs
     from cdcflow.errors import ConfigError
 
     try:
@@ -73,7 +73,7 @@ def optimize(
         raise ConfigError(f"--wait: {exc}") from None
     cfg = load(config)
     with console.status("optimizing Delta tables"):
-        done = run_optimize(cfg, vacuum=vacuum, wait=patience)
+        done = optimize_between_runs(cfg, vacuum=vacuum, wait=patience)
     table = Table(title="optimize")
     for header in ("table", "action", "files added", "files removed", "vacuumed", "version"):
         table.add_column(header)

@@ -11,11 +11,13 @@
 Optimize rewrites files with a ``dataChange = false`` commit: the content of every table (and its
 Change Data Feed) is unchanged.
 
-Concurrency: optimize holds the pipeline's checkpoint lock (the one ``run`` and ``replay --apply``
-hold), so it never rewrites files under a running micro-batch: while a run holds it, optimize
-stops with one line (or waits up to ``wait``). A commit that still conflicts with a writer that
-takes no lock (e.g. ``cdcflow gold``) is retried from the table's new version, up to
-:data:`COMMIT_ATTEMPTS` times, then reported in one line.
+Concurrency: ``cdcflow optimize`` (:func:`optimize_between_runs`) holds the pipeline's checkpoint
+lock (the one ``run`` and ``replay --apply`` hold), so it never rewrites files under a running
+micro-batch: while a run holds it, it stops with one line (or waits up to ``--wait``). The
+automatic optimize of ``maintenance.optimize_every_batches`` calls :func:`optimize` from inside the
+run, which already holds the lock. A commit that still conflicts with a writer that takes no lock
+(e.g. ``cdcflow gold``) is retried from the table's new version, up to :data:`COMMIT_ATTEMPTS`
+times, then reported in one line.
 """
 
 from __future__ import annotations
@@ -133,10 +135,10 @@ def _committed(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def optimize(
+def optimize_between_runs(
     config: CdcflowConfig, vacuum: bool = True, wait: timedelta | None = None
 ) -> list[TableMaintenance]:
-    """Compact / Z-order every existing table and vacuum it, holding the checkpoint lock.
+    """:func:`optimize` holding the pipeline's checkpoint lock (``cdcflow optimize``).
 
     Args:
         config: the pipeline configuration (``maintenance`` section).
@@ -150,50 +152,75 @@ def optimize(
         CheckpointError: a running pipeline (or replay) holds the checkpoint lock.
         TableError: a table's rewrite kept conflicting with concurrent commits.
     """
+    with checkpoint_lock(config.checkpoint.location, wait):
+        return optimize(config, vacuum=vacuum)
+
+
+def optimize(config: CdcflowConfig, vacuum: bool = True) -> list[TableMaintenance]:
+    """Compact / Z-order every existing table and vacuum it.
+
+    The caller holds the checkpoint lock: a pipeline run (automatic optimize after a batch) or
+    :func:`optimize_between_runs`.
+
+    Args:
+        config: the pipeline configuration (``maintenance`` section).
+        vacuum: also vacuum (default True).
+
+    Returns:
+        One entry per existing table (tables never created are skipped).
+
+    Raises:
+        TableError: a table's rewrite kept conflicting with concurrent commits.
+    """
     settings = config.maintenance
     retention_hours = int(settings.vacuum_retention.total_seconds() // 3600)
     options = config.storage.options or None
     zorder_by = list(settings.zorder_silver_by)
     done = []
-    with checkpoint_lock(config.checkpoint.location, wait):
-        for spec in _tables():
-            uri = config.table_uri(spec.name)
+    for spec in _tables():
+        uri = config.table_uri(spec.name)
 
-            def open_table(uri: str = uri) -> DeltaTable:
-                return DeltaTable(uri, storage_options=options)
+        def open_table(uri: str = uri) -> DeltaTable:
+            return DeltaTable(uri, storage_options=options)
 
-            action = "zorder" if spec is SILVER and zorder_by else "compact"
+        action = "zorder" if spec is SILVER and zorder_by else "compact"
 
-            def rewrite(table: DeltaTable, action: str = action) -> dict[str, Any]:
-                if action == "zorder":
-                    return table.optimize.z_order(zorder_by)
-                return table.optimize.compact()
+        def rewrite(table: DeltaTable, action: str = action) -> dict[str, Any]:
+            if action == "zorder":
+                return table.optimize.z_order(zorder_by)
+            return table.optimize.compact()
 
-            def clean(table: DeltaTable) -> list[str]:
-                return table.vacuum(
-                    retention_hours=retention_hours,
-                    dry_run=False,
-                    enforce_retention_duration=False,
-                )
-
-            try:
-                table, metrics = _committed(spec, action, open_table, rewrite)
-            except TableNotFoundError:
-                continue
-            vacuumed: list[str] = []
-            if vacuum:
-                table, vacuumed = _committed(spec, "vacuum", open_table, clean)
-            entry = TableMaintenance(
-                table=spec.name,
-                action=action,
-                files_added=int(metrics.get("numFilesAdded", 0)),
-                files_removed=int(metrics.get("numFilesRemoved", 0)),
-                files_vacuumed=len(vacuumed),
-                version=table.version(),
+        def clean(table: DeltaTable) -> list[str]:
+            return table.vacuum(
+                retention_hours=retention_hours,
+                dry_run=False,
+                enforce_retention_duration=False,
             )
-            done.append(entry)
-            log.info("table optimized", extra={"maintenance": entry.__dict__})
+
+        try:
+            table, metrics = _committed(spec, action, open_table, rewrite)
+        except TableNotFoundError:
+            continue
+        vacuumed: list[str] = []
+        if vacuum:
+            table, vacuumed = _committed(spec, "vacuum", open_table, clean)
+        entry = TableMaintenance(
+            table=spec.name,
+            action=action,
+            files_added=int(metrics.get("numFilesAdded", 0)),
+            files_removed=int(metrics.get("numFilesRemoved", 0)),
+            files_vacuumed=len(vacuumed),
+            version=table.version(),
+        )
+        done.append(entry)
+        log.info("table optimized", extra={"maintenance": entry.__dict__})
     return done
 
 
-__all__ = ["COMMIT_ATTEMPTS", "TableMaintenance", "checkpoint_lock", "optimize"]
+__all__ = [
+    "COMMIT_ATTEMPTS",
+    "TableMaintenance",
+    "checkpoint_lock",
+    "optimize",
+    "optimize_between_runs",
+]
