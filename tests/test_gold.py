@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from datetime import UTC, date, datetime, time, timedelta
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from deltalake.exceptions import TableNotFoundError
 from hypothesis import HealthCheck, given, settings
 
-from cdcflow.layers.gold import MAX_FILLED_GAP_DAYS
+from cdcflow.layers.gold import MAX_FILLED_GAP_DAYS, PCT_DECIMALS
 from cdcflow.plan.history import state_as_of, timeline
 from tests.conftest import Lake, ev, full
 from tests.test_history import first_copies
@@ -64,14 +65,14 @@ def test_daily_metrics_hand_computed(lake: Lake) -> None:
     cols = ("new_registrations", "deletions", "deactivations", "reactivations")
     rows = gold(lake, "daily_customer_metrics")
     got = [
-        (r["date"], *(r[c] for c in cols), r["active_at_end_of_day"], r["churn_rate"]) for r in rows
+        (r["date"], *(r[c] for c in cols), r["active_at_end_of_day"], r["churn_pct"]) for r in rows
     ]
     day = [D1 + timedelta(days=i) for i in range(4)]
     assert got == [
         (day[0], 3, 0, 0, 0, 2, None),  # C-1, C-2 active; C-3 INACTIVE; nobody at start
-        (day[1], 1, 1, 1, 1, 2, 1.0),  # (1 deletion + 1 deactivation) / 2 active at start
+        (day[1], 1, 1, 1, 1, 2, 100.0),  # C-1 suspended, C-2 deleted: both of the 2 at start
         (day[2], 0, 0, 0, 0, 2, 0.0),  # a day without changes
-        (day[3], 0, 1, 0, 1, 3, 0.5),  # C-3 deleted; C-1 reactivated; C-2 revived
+        (day[3], 0, 1, 0, 1, 3, 50.0),  # C-3 deleted (1 of C-3, C-4); C-1, C-2 back: not netted
     ]
 
 
@@ -87,7 +88,7 @@ def test_one_outlying_timestamp_adds_one_row_not_a_century(lake: Lake) -> None:
     assert dates == [date(1900, 1, 1), *[D1 + timedelta(days=i) for i in range(4)], at_day(43)]
     assert [r["active_at_end_of_day"] for r in rows] == [1, 3, 3, 3, 4, 3]
     assert [r["new_registrations"] for r in rows] == [1, 3, 1, 0, 0, 0]
-    assert rows[-1]["deactivations"] == 1 and rows[-1]["churn_rate"] == 0.25
+    assert rows[-1]["deactivations"] == 1 and rows[-1]["churn_pct"] == 25.0
 
 
 def at_day(day: int) -> date:
@@ -101,10 +102,10 @@ def test_snapshot_tables_hand_computed(lake: Lake) -> None:
         {"country": "France", "city": "Paris", "active_customers": 2},
     ]
     assert gold(lake, "status_distribution") == [
-        {"status": "ACTIVE", "customers": 3, "share": 0.75},
-        {"status": "INACTIVE", "customers": 0, "share": 0.0},
-        {"status": "SUSPENDED", "customers": 0, "share": 0.0},
-        {"status": "DELETED", "customers": 1, "share": 0.25},
+        {"status": "ACTIVE", "customers": 3, "share_pct": 75.0},
+        {"status": "INACTIVE", "customers": 0, "share_pct": 0.0},
+        {"status": "SUSPENDED", "customers": 0, "share_pct": 0.0},
+        {"status": "DELETED", "customers": 1, "share_pct": 25.0},
     ]
     active = gold(lake, "active_customers")
     assert [r["customer_id"] for r in active] == ["C-1", "C-2", "C-4"]
@@ -134,6 +135,45 @@ def test_manual_refresh_and_policy(tmp_path: Path) -> None:
         lake.table("gold/status_distribution")  # the policy skipped the refresh
     assert refresh_gold(lake.config)["gold/status_distribution"] == 4
     assert gold(lake, "active_customers_by_geo")[0]["active_customers"] == 1
+
+
+def test_churn_counts_customers_not_transitions(lake: Lake) -> None:
+    # the old rate, (deletions + deactivations) / active at start, read 300% here: one active
+    # customer at the start, who flaps twice, and two registered and deleted the same day
+    day0 = [e("A1", "C-1", "INSERT", 10, at(0, 9), **full())]
+    day1 = [
+        e("A2", "C-1", "UPDATE", 20, at(1, 9), status="INACTIVE"),
+        e("A3", "C-1", "UPDATE", 21, at(1, 10), status="ACTIVE"),
+        e("A4", "C-1", "UPDATE", 22, at(1, 11), status="SUSPENDED"),
+        e("A5", "C-2", "INSERT", 23, at(1, 12), **full()),
+        e("A6", "C-2", "DELETE", 24, at(1, 13)),
+        e("A7", "C-3", "INSERT", 25, at(1, 14), **full(status="INACTIVE")),
+        e("A8", "C-3", "DELETE", 26, at(1, 15)),
+    ]
+    lake.write(day0 + day1)
+    lake.run()
+    last = gold(lake, "daily_customer_metrics")[-1]
+    assert (last["deactivations"], last["deletions"]) == (2, 2)
+    assert last["churn_pct"] == 100.0  # C-1, the one customer active at the start, is lost
+
+
+def pct(part: int, whole: int) -> float | None:
+    """The documented rule: 100 * part / whole, rounded half to even to PCT_DECIMALS."""
+    return float(round(Fraction(100 * part, whole), PCT_DECIMALS)) if whole else None
+
+
+def test_percent_rounding_halfway_and_bounds() -> None:
+    import polars as pl
+
+    from cdcflow.engines.local.gold import percent
+
+    pairs = [(1, 3), (2, 3), (1, 8), (1, 800), (3, 800), (5, 800), (1, 7), (0, 5), (5, 5), (0, 0)]
+    pairs += [(a, b) for b in range(1, 60) for a in range(b + 1)]
+    frame = pl.DataFrame({"a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
+    got = frame.select(percent(pl.col("a"), pl.col("b")))[:, 0].to_list()
+    assert got == [pct(a, b) for a, b in pairs]
+    assert got[:4] == [33.33, 66.67, 12.5, 0.12] and got[4:6] == [0.38, 0.62]
+    assert all(v is None or 0 <= v <= 100 for v in got)
 
 
 # ---------------------------------------------------------------- brute force from the reference
@@ -171,12 +211,13 @@ def brute_force(history: dict[str, list[dict]], mode: str) -> dict[str, list[dic
         for a, b in zip(changed, [*changed[1:], changed[-1]], strict=True)
         for n in range((b - a).days if 0 < (b - a).days <= MAX_FILLED_GAP_DAYS else 1)
     ]
-    start_active = 0
+    start_active: set[str] = set()
     for d in calendar:
         end = datetime.combine(d + timedelta(days=1), time(0), UTC) - timedelta(microseconds=1)
-        active = sum(row["is_active"] for row in state_as_of(history, end, mode).values())  # type: ignore[arg-type]
+        state = state_as_of(history, end, mode)  # type: ignore[arg-type]
+        active = {key for key, row in state.items() if row["is_active"]}
         c = days.get(d, Counter())
-        churn = (c["deletions"] + c["deactivations"]) / start_active if start_active else None
+        churn = pct(len(start_active - active), len(start_active))
         daily.append(
             {
                 "date": d,
@@ -184,14 +225,15 @@ def brute_force(history: dict[str, list[dict]], mode: str) -> dict[str, list[dic
                 "deletions": c["deletions"],
                 "deactivations": c["deactivations"],
                 "reactivations": c["reactivations"],
-                "active_at_end_of_day": active,
-                "churn_rate": churn,
+                "active_at_end_of_day": len(active),
+                "churn_pct": churn,
             }
         )
         start_active = active
     current = [versions[-1] for versions in history.values()]
     geo = Counter((v["country"], v["city"]) for v in current if v["is_active"])
     statuses = Counter(v["status"] for v in current)
+    shares = {s: pct(n, len(current)) for s, n in statuses.items()}
     return {
         "daily": daily,
         "geo": sorted(
@@ -204,6 +246,7 @@ def brute_force(history: dict[str, list[dict]], mode: str) -> dict[str, list[dic
             ),
         ),
         "status": {s: n for s, n in statuses.items()},
+        "share": shares,
     }
 
 
@@ -241,5 +284,30 @@ def test_gold_matches_brute_force(tmp_path_factory, mode, stream) -> None:
     expected = brute_force(timeline(first_copies(lake), mode), mode)  # type: ignore[arg-type]
     assert gold(lake, "daily_customer_metrics") == expected["daily"]
     assert gold(lake, "active_customers_by_geo") == expected["geo"]
-    got_status = {r["status"]: r["customers"] for r in gold(lake, "status_distribution")}
+    status_rows = gold(lake, "status_distribution")
+    got_status = {r["status"]: r["customers"] for r in status_rows}
     assert {s: n for s, n in got_status.items() if n} == expected["status"]
+    got_share = {r["status"]: r["share_pct"] for r in status_rows if r["customers"]}
+    assert got_share == expected["share"]
+
+
+def test_gold_table_of_an_earlier_schema_takes_the_pct_columns(lake: Lake) -> None:
+    # a lakehouse written before the *_pct columns (share, churn_rate as fractions)
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from cdcflow.engines.local.gold import refresh_gold
+
+    old = pa.table(
+        {
+            "status": pa.array(["ACTIVE"]),
+            "customers": pa.array([1], pa.int64()),
+            "share": pa.array([1.0]),
+        }
+    )
+    write_deltalake(lake.config.table_uri("gold/status_distribution"), old)
+    lake.write(HAND[:3])
+    lake.run()
+    refresh_gold(lake.config)
+    rows = gold(lake, "status_distribution")
+    assert rows[0] == {"status": "ACTIVE", "customers": 2, "share_pct": 66.67}

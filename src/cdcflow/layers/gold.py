@@ -10,8 +10,9 @@ versions equal Silver (plus, in hard mode, a DELETE version for every hard-delet
   customer: ``active_customers`` (count). Null country/city form their own group.
 * ``gold/status_distribution`` — one row per status ``ACTIVE``, ``INACTIVE``, ``SUSPENDED``,
   ``DELETED`` (always present, 0 when none) plus a null-status row when some customer has no
-  status yet: ``customers`` (count of customers whose current state has it) and ``share`` (customers
-  / all customers, 0..1; null when there are none). Hard-deleted customers count as ``DELETED``.
+  status yet: ``customers`` (count of customers whose current state has it) and ``share_pct``
+  (customers / all customers, in percent; null when there are none). Hard-deleted customers
+  count as ``DELETED``.
 * ``gold/daily_customer_metrics`` — one row per UTC date on which some customer changed
   (``valid_from``), plus the days without changes that lie between two change dates at most
   ``MAX_FILLED_GAP_DAYS`` (31) days apart. A longer quiet period is left out (its days would
@@ -26,11 +27,19 @@ versions equal Silver (plus, in hard mode, a DELETE version for every hard-delet
   - ``reactivations``: versions going from not deleted ``INACTIVE`` / ``SUSPENDED`` to active;
   - ``active_at_end_of_day``: customers active in their state as of the end of the date (the
     version of highest sequence with ``valid_from`` before the next midnight UTC);
-  - ``churn_rate``: (deletions + deactivations) / active at the start of the date (= the previous
-    row's ``active_at_end_of_day``, as nothing changed in between; 0 on the first date); null
-    when that is 0.
+  - ``churn_pct``: customers active at the start of the date who are not active at its end
+    (deleted, or a status other than ``ACTIVE``), in percent of the customers active at
+    its start (= the previous row's ``active_at_end_of_day``, as nothing changed in between; 0
+    on the first date); null when that is 0. It counts customers, not transitions: one
+    deactivated and reactivated on the same date is not lost, one registered and deleted on the
+    same date was not active at its start. So it lies between 0 and 100.
 
 Every transition is counted on the date of the version's ``valid_from``.
+
+Ratios are percentages, on one scale across the Gold tables (columns named ``*_pct``, from 0 to
+100): ``100 * part / whole`` rounded half to even to two decimals (:data:`PCT_DECIMALS`), e.g.
+1 of 3 → ``33.33``, 1 of 8 → ``12.5``, 1 of 800 → ``0.12``; the shares of
+``status_distribution`` may so sum to a little more or less than 100 (at most 0.005 per row).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ _COUNT = pa.int64()
 #: Quiet days are filled in ``daily_customer_metrics`` between change dates at most this many
 #: days apart.
 MAX_FILLED_GAP_DAYS = 31
+#: Decimals of the percentages (``*_pct`` columns), rounded half to even.
+PCT_DECIMALS = 2
 
 ACTIVE_CUSTOMERS = TableSpec(
     "gold/active_customers",
@@ -66,7 +77,7 @@ STATUS_DISTRIBUTION = TableSpec(
         [
             pa.field("status", pa.string()),
             pa.field("customers", _COUNT, nullable=False),
-            pa.field("share", pa.float64()),
+            pa.field("share_pct", pa.float64()),
         ]
     ),
 )
@@ -81,7 +92,7 @@ DAILY_METRICS = TableSpec(
             pa.field("deactivations", _COUNT, nullable=False),
             pa.field("reactivations", _COUNT, nullable=False),
             pa.field("active_at_end_of_day", _COUNT, nullable=False),
-            pa.field("churn_rate", pa.float64()),
+            pa.field("churn_pct", pa.float64()),
         ]
     ),
 )
@@ -94,5 +105,6 @@ __all__ = [
     "DAILY_METRICS",
     "GOLD_TABLES",
     "MAX_FILLED_GAP_DAYS",
+    "PCT_DECIMALS",
     "STATUS_DISTRIBUTION",
 ]

@@ -21,6 +21,7 @@ from cdcflow.layers.gold import (
     DAILY_METRICS,
     GOLD_TABLES,
     MAX_FILLED_GAP_DAYS,
+    PCT_DECIMALS,
     STATUS_DISTRIBUTION,
 )
 from cdcflow.layers.tables import HISTORY, TableSpec
@@ -30,6 +31,29 @@ from cdcflow.model.events import STATUSES
 log = get_logger("engine.local.gold")
 
 _INACTIVE = ("INACTIVE", "SUSPENDED")
+
+
+def percent(part: pl.Expr, whole: pl.Expr) -> pl.Expr:
+    """``100 * part / whole`` rounded half to even to ``PCT_DECIMALS`` decimals; null when
+    ``whole`` is 0.
+
+    The rounding is taken on the scaled quotient (``10**(2 + PCT_DECIMALS) * part / whole``,
+    one correctly rounded division of integers), so a value exactly halfway is rounded as the
+    exact fraction would be: 1 of 800 is 0.12, 3 of 800 is 0.38.
+
+    Args:
+        part: integer numerator.
+        whole: integer denominator.
+
+    Returns:
+        A Float64 expression.
+    """
+    scale = 10**PCT_DECIMALS
+    scaled = (part.cast(pl.Float64) * (100 * scale)) / whole.cast(pl.Float64)
+    # Polars divides by a constant as a product with its inverse (1429 / 100 would be
+    # 14.290000000000001): the final round gives the float nearest to the decimal value
+    value = (scaled.round(0) / scale).round(PCT_DECIMALS)
+    return pl.when(whole > 0).then(value).otherwise(pl.lit(None, pl.Float64))
 
 
 def current_versions(history: pl.DataFrame) -> pl.DataFrame:
@@ -55,7 +79,8 @@ def active_by_geo(history: pl.DataFrame) -> pl.DataFrame:
 
 
 def status_distribution(history: pl.DataFrame) -> pl.DataFrame:
-    """``gold/status_distribution``: one row per status (the four always), customers, share."""
+    """``gold/status_distribution``: one row per status (the four always), customers,
+    share_pct."""
     current = current_versions(history)
     total = current.height
     counts = current.group_by("status").agg(pl.len().cast(pl.Int64).alias("customers"))
@@ -67,11 +92,9 @@ def status_distribution(history: pl.DataFrame) -> pl.DataFrame:
             pl.col("customers").fill_null(0),
             pl.col("status").replace_strict(order, default=len(order)).alias("_o"),
         )
-        .with_columns(
-            (pl.col("customers") / total if total else pl.lit(None, pl.Float64)).alias("share")
-        )
+        .with_columns(percent(pl.col("customers"), pl.lit(total, pl.Int64)).alias("share_pct"))
         .sort("_o", "status", nulls_last=True)
-        .select("status", "customers", "share")
+        .select(STATUS_DISTRIBUTION.schema.names)
     )
 
 
@@ -125,7 +148,8 @@ def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
         pl.col("_react").sum().alias("reactivations"),
     )
     # state at the end of each date a customer changed: its highest version up to that date
-    # (_i grows with the key, so a global running max sorted by (key, date) is per key)
+    # (_i grows with the key, so a global running max sorted by (key, date) is per key); its
+    # state at the start of that date is its state at the end of its previous change date
     ends = (
         h.group_by("customer_id", "date")
         .agg(pl.col("_i").max())
@@ -140,12 +164,13 @@ def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
             .alias("_same"),
         )
         .with_columns(
-            (
-                pl.col("is_active") - pl.when(same).then(pl.col("is_active").shift(1)).otherwise(0)
-            ).alias("_delta")
+            pl.when(same).then(pl.col("is_active").shift(1)).otherwise(0).alias("_was_active")
         )
         .group_by("date")
-        .agg(pl.col("_delta").sum())
+        .agg(
+            (pl.col("is_active") - pl.col("_was_active")).sum().alias("_delta"),
+            ((pl.col("_was_active") == 1) & (pl.col("is_active") == 0)).sum().alias("_lost"),
+        )
     )
     days = calendar(h["date"])
     frame = (
@@ -157,10 +182,7 @@ def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
         .with_columns(pl.col("_delta").cum_sum().alias("active_at_end_of_day"))
         .with_columns(pl.col("active_at_end_of_day").shift(1).fill_null(0).alias("_start"))
     )
-    churn = (pl.col("deletions") + pl.col("deactivations")) / pl.col("_start")
-    frame = frame.with_columns(
-        pl.when(pl.col("_start") > 0).then(churn).otherwise(None).alias("churn_rate")
-    )
+    frame = frame.with_columns(percent(pl.col("_lost"), pl.col("_start")).alias("churn_pct"))
     return frame.select(DAILY_METRICS.schema.names)
 
 
@@ -199,6 +221,11 @@ def compute_gold(history: pl.DataFrame) -> dict[str, pl.DataFrame]:
 def _store(config: CdcflowConfig) -> DeltaStore:
     specs: tuple[TableSpec, ...] = (HISTORY, *GOLD_TABLES)
     return DeltaStore({s.name: config.table_uri(s.name) for s in specs}, config.storage.options)
+
+
+def _schema_differs(table: DeltaTable, spec: TableSpec) -> bool:
+    """True when the Delta table's column names are not those of ``spec``."""
+    return [f.name for f in table.schema().fields] != spec.schema.names
 
 
 def refresh_gold(
@@ -242,6 +269,9 @@ def refresh_gold(
             table,
             frames[spec.name].to_arrow().cast(spec.schema),
             mode="overwrite",
+            # a table written by an earlier release (e.g. share/churn_rate as fractions, before
+            # the *_pct columns) takes the current schema: its content is recomputed anyway
+            schema_mode="overwrite" if _schema_differs(table, spec) else None,
             commit_properties=props,
         )
         written[spec.name] = frames[spec.name].height

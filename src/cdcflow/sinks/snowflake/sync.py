@@ -437,16 +437,22 @@ def sync_gold_table(
         cols = [(f.name.upper(), arrow_to_sf(f.type)) for f in data.schema]
     except TypeError as exc:
         raise TableError(f"{name}: {exc}") from None
+    columns_ddl = ", ".join(f"{c} {t}" for c, t in cols)
     with connect(config) as conn:
         cur = conn.cursor()
         ensure_tables(config, cur)
-        _execute(
-            cur,
-            f"CREATE TABLE IF NOT EXISTS {target_table} ({', '.join(f'{c} {t}' for c, t in cols)})",
-        )
+        _execute(cur, f"CREATE TABLE IF NOT EXISTS {target_table} ({columns_ddl})")
+        # a full copy of a Gold table: one created from an earlier schema (e.g. SHARE before
+        # SHARE_PCT) is recreated with the current columns, then filled
+        existing = [
+            d[0].upper() for d in _execute(cur, f"SELECT * FROM {target_table} LIMIT 0").description
+        ]
+        recreated = existing != [c for c, _ in cols]
+        if recreated:
+            _execute(cur, f"CREATE OR REPLACE TABLE {target_table} ({columns_ddl})")
         source = f"{name}#{gold.metadata().id}"
         synced = _state_version(cur, target_table, source)
-    if synced == version and not full:
+    if synced == version and not full and not recreated:
         return TableSyncReport(target_table, source, "noop", synced, version)
     report = TableSyncReport(target_table, source, "full", synced, version)
     report.source_committed_at = _commit_time(gold, version)
