@@ -83,3 +83,49 @@ def test_env_errors_name_the_variable(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("CDCFLOW__FOO__BAR", "1")
     with pytest.raises(ConfigError, match="CDCFLOW__FOO__BAR"):
         load_config(file)
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        (
+            "processing: {delete_mod: soft}\n",
+            "key 'processing.delete_mod': unknown key, did you mean delete_mode?",
+        ),
+        ("procesing: {delete_mode: soft}\n", "did you mean processing?"),
+        ("snowflake: {schem: X}\n", "did you mean schema?"),  # the alias, as written in YAML
+        ("logging: {fil: x.log}\n", "did you mean file?"),
+        ("processing: {zzz: 1}\n", "key 'processing.zzz': unknown key"),
+    ],
+)
+def test_unknown_keys_suggest_the_closest(tmp_path: Path, text: str, hint: str) -> None:
+    file = tmp_path / "typo.yaml"
+    file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert hint in str(info.value) and str(file) in str(info.value)
+    if "zzz" in text:
+        assert "did you mean" not in str(info.value)
+
+
+def test_env_typos_suggest_the_closest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "c.yaml"
+    file.write_text("{}\n")
+    monkeypatch.setenv("CDCFLOW__PROCESSING__DELET_MODE", "hard")
+    with pytest.raises(ConfigError, match="did you mean delete_mode"):
+        load_config(file)
+    monkeypatch.delenv("CDCFLOW__PROCESSING__DELET_MODE")
+    monkeypatch.setenv("CDCFLOW__PROCESING__DELETE_MODE", "hard")
+    with pytest.raises(ConfigError, match="did you mean processing"):
+        load_config(file)
+
+
+def test_log_file_is_resolved_against_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    file = tmp_path / "c.yaml"
+    file.write_text("logging: {level: WARNING, file: logs/cdcflow.log}\n")
+    assert load_config(file).logging.file == str(tmp_path / "logs" / "cdcflow.log")
+    file.write_text("logging: {level: WARNING}\n")
+    assert load_config(file).logging.file == ""

@@ -10,6 +10,7 @@ Durations are written as ``<number><unit>`` with unit ``ms``, ``s``, ``m``, ``h`
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from datetime import timedelta
@@ -161,9 +162,15 @@ class ProcessingSection(_Section):
 
 
 class LoggingSection(_Section):
-    """``logging``: level of the JSON log written to stderr."""
+    """``logging``: the log (see :mod:`cdcflow.logs`).
+
+    ``level``: records below it are dropped. ``file``: also append the log there as JSON lines
+    (empty: no file; a relative path is resolved against the current folder). The stderr format
+    is the command's ``--log-format`` option.
+    """
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    file: str = ""
 
 
 class GoldSection(_Section):
@@ -286,11 +293,16 @@ def _interpolate(value: Any, file: Path) -> Any:
 
 def _resolve_relative(raw: dict[str, Any], base: Path) -> None:
     """Resolve relative local paths against the config file's folder."""
-    for section, key in (("storage", "root"), ("source", "path"), ("checkpoint", "location")):
+    for section, key in (
+        ("storage", "root"),
+        ("source", "path"),
+        ("checkpoint", "location"),
+        ("logging", "file"),
+    ):
         sect = raw.get(section)
         if isinstance(sect, dict) and isinstance(sect.get(key), str):
             val = sect[key]
-            if "://" not in val and not os.path.isabs(val):
+            if val and "://" not in val and not os.path.isabs(val):
                 sect[key] = str((base / val).resolve())
 
 
@@ -332,13 +344,38 @@ def load_config(path: str | Path) -> CdcflowConfig:
         for err in exc.errors():
             loc = tuple(str(p).lower() for p in err["loc"])
             key = ".".join(loc)
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key" + _suggestion(loc)
             origin = next(
                 (name for path, name in overrides.items() if loc[: len(path)] == path), None
             )
             where = f"environment variable {origin}: " if origin else ""
             problems.append(f"{where}key '{key}': {msg}")
         raise ConfigError(f"{file}: " + "; ".join(problems)) from None
+
+
+def _known_keys(loc: tuple[str, ...]) -> list[str]:
+    """Keys allowed next to the last part of ``loc`` (its section's fields and aliases)."""
+    model: Any = CdcflowConfig
+    for part in loc[:-1]:
+        fields = {name: info for name, info in model.model_fields.items()}
+        fields.update({info.alias: info for info in model.model_fields.values() if info.alias})
+        info = fields.get(part)
+        annotation = info.annotation if info is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    keys = [info.alias or name for name, info in model.model_fields.items()]
+    return keys
+
+
+def _suggestion(loc: tuple[str, ...]) -> str:
+    """``, did you mean <key>?`` for the known key closest to an unknown one (or empty)."""
+    if not loc:
+        return ""
+    close = difflib.get_close_matches(loc[-1], _known_keys(loc), n=1, cutoff=0.6)
+    return f", did you mean {close[0]}?" if close else ""
 
 
 def _env_overrides() -> dict[tuple[str, ...], str]:
@@ -353,6 +390,7 @@ def _env_overrides() -> dict[tuple[str, ...], str]:
             continue
         path = tuple(part.lower() for part in name.split("__")[1:] if part)
         if not path or path[0] not in CdcflowConfig.model_fields:
-            raise ConfigError(f"environment variable {name}: unknown config section")
+            hint = _suggestion(path[:1]) if path else ""
+            raise ConfigError(f"environment variable {name}: unknown config section{hint}")
         found[path] = name
     return found
