@@ -16,10 +16,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -140,22 +141,54 @@ class Checkpoint:
         self._ensure()
         write_atomic(self.commits_dir / f"{batch_id}.json", {"batch_id": batch_id, **info})
 
+    def holder(self) -> str:
+        """Who holds the run lock, as written by :meth:`lock`: ``pid N on HOST since TIME``.
+
+        Returns:
+            The description, or an empty string when the lock file names no holder (an older
+            version took it, or the holder has only just taken it).
+        """
+        try:
+            data = json.loads((self.root / "lock").read_text(encoding="utf-8"))
+            return f"pid {int(data['pid'])} on {data['host']} since {data['since']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the run lock: one running pipeline per checkpoint.
 
+        The lock file names the holder (process id, host, UTC time it took the lock) while it is
+        held, so a refused run can say who holds it; it is emptied on release.
+
         Raises:
-            CheckpointError: another process holds the lock.
+            CheckpointError: another process holds the lock (the message names it).
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "lock", "a+") as handle:
+        with open(self.root / "lock", "a+", encoding="utf-8") as handle:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
+                holder = self.holder()
+                by = f" ({holder})" if holder else ""
                 raise CheckpointError(
-                    f"{self.root}: another cdcflow run holds this checkpoint's lock"
+                    f"{self.root}: another cdcflow run holds this checkpoint's lock{by}"
                 ) from exc
             try:
+                handle.truncate(0)
+                handle.write(
+                    json.dumps(
+                        {
+                            "pid": os.getpid(),
+                            "host": socket.gethostname(),
+                            "since": datetime.now(UTC).isoformat(timespec="seconds"),
+                        }
+                    )
+                    + "\n"
+                )
+                handle.flush()
                 yield
             finally:
+                handle.truncate(0)
+                handle.flush()
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

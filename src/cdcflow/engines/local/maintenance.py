@@ -70,10 +70,12 @@ def checkpoint_lock(location: str, wait: timedelta | None = None) -> Iterator[No
             except CheckpointError:
                 if time.monotonic() >= deadline:
                     waited = f" after waiting {wait}" if wait else ""
+                    holder = checkpoint.holder()
+                    by = f" ({holder})" if holder else ""
                     raise CheckpointError(
                         f"{location}: a running cdcflow pipeline (or replay) holds this "
-                        f"checkpoint's lock{waited}; optimize runs between runs: try again when "
-                        "it has stopped (or pass --wait, e.g. --wait 10m)"
+                        f"checkpoint's lock{by}{waited}; optimize runs between runs: try again "
+                        "when it has stopped (or pass --wait, e.g. --wait 10m)"
                     ) from None
                 time.sleep(_LOCK_POLL_SECONDS)
         yield
@@ -136,7 +138,10 @@ def _committed(
 
 
 def optimize_between_runs(
-    config: CdcflowConfig, vacuum: bool = True, wait: timedelta | None = None
+    config: CdcflowConfig,
+    vacuum: bool = True,
+    wait: timedelta | None = None,
+    on_table: Callable[[str, int, int], None] | None = None,
 ) -> list[TableMaintenance]:
     """:func:`optimize` holding the pipeline's checkpoint lock (``cdcflow optimize``).
 
@@ -144,6 +149,7 @@ def optimize_between_runs(
         config: the pipeline configuration (``maintenance`` section).
         vacuum: also vacuum (default True).
         wait: how long to wait for a running pipeline to release the lock (None: fail at once).
+        on_table: progress callback, see :func:`optimize`.
 
     Returns:
         One entry per existing table (tables never created are skipped).
@@ -153,10 +159,14 @@ def optimize_between_runs(
         TableError: a table's rewrite kept conflicting with concurrent commits.
     """
     with checkpoint_lock(config.checkpoint.location, wait):
-        return optimize(config, vacuum=vacuum)
+        return optimize(config, vacuum=vacuum, on_table=on_table)
 
 
-def optimize(config: CdcflowConfig, vacuum: bool = True) -> list[TableMaintenance]:
+def optimize(
+    config: CdcflowConfig,
+    vacuum: bool = True,
+    on_table: Callable[[str, int, int], None] | None = None,
+) -> list[TableMaintenance]:
     """Compact / Z-order every existing table and vacuum it.
 
     The caller holds the checkpoint lock: a pipeline run (automatic optimize after a batch) or
@@ -165,6 +175,7 @@ def optimize(config: CdcflowConfig, vacuum: bool = True) -> list[TableMaintenanc
     Args:
         config: the pipeline configuration (``maintenance`` section).
         vacuum: also vacuum (default True).
+        on_table: called before each table with (table name, tables done, tables in all).
 
     Returns:
         One entry per existing table (tables never created are skipped).
@@ -177,7 +188,10 @@ def optimize(config: CdcflowConfig, vacuum: bool = True) -> list[TableMaintenanc
     options = config.storage.options or None
     zorder_by = list(settings.zorder_silver_by)
     done = []
-    for spec in _tables():
+    specs = _tables()
+    for number, spec in enumerate(specs):
+        if on_table is not None:
+            on_table(spec.name, number, len(specs))
         uri = config.table_uri(spec.name)
 
         def open_table(uri: str = uri) -> DeltaTable:
