@@ -79,6 +79,7 @@ class Pipeline:
         self.engine = engine or get_engine(config)
         self.source = make_source(config)  # None for plain landing files
         self._stop = threading.Event()
+        self._on_recover: Callable[[int], None] | None = None
 
     def stop(self) -> None:
         """Ask a continuous run to stop after the current micro-batch."""
@@ -87,7 +88,7 @@ class Pipeline:
     def _next_offsets(self, max_files: int | None) -> BatchOffsets | None:
         pending = self.checkpoint.pending()
         if pending is not None:
-            log.info("re-running uncommitted micro-batch", extra={"batch_id": pending.batch_id})
+            self._recovering(pending)
             return pending
         if self.source is not None:
             self.source.stage(self.checkpoint)  # e.g. PostgreSQL slot changes -> landing file
@@ -130,6 +131,11 @@ class Pipeline:
         crash_point("after_offsets", offsets.batch_id)
         return offsets
 
+    def _recovering(self, pending: BatchOffsets) -> None:
+        log.info("re-running uncommitted micro-batch", extra={"batch_id": pending.batch_id})
+        if self._on_recover is not None:
+            self._on_recover(pending.batch_id)
+
     def _run_one(self, offsets: BatchOffsets) -> BatchReport:
         report = self.engine.run_batch(offsets)
         crash_point("before_commit", offsets.batch_id)
@@ -145,13 +151,18 @@ class Pipeline:
         return report
 
     def run(
-        self, trigger: Trigger, on_batch: Callable[[BatchReport], None] | None = None
+        self,
+        trigger: Trigger,
+        on_batch: Callable[[BatchReport], None] | None = None,
+        on_recover: Callable[[int], None] | None = None,
     ) -> list[BatchReport]:
         """Run micro-batches according to the trigger.
 
         Args:
             trigger: the trigger.
             on_batch: called with each batch report as soon as the batch is committed.
+            on_recover: called with the batch id before a micro-batch left uncommitted by an
+                interrupted run is re-run (local engine; Spark recovers from its own checkpoint).
 
         Returns:
             The reports of the batches run, in order.
@@ -160,6 +171,7 @@ class Pipeline:
             CheckpointError: another run holds the checkpoint lock, or it is unreadable.
         """
         reports: list[BatchReport] = []
+        self._on_recover = on_recover
 
         def done(report: BatchReport) -> None:
             reports.append(report)
@@ -185,6 +197,7 @@ class Pipeline:
             # a crashed batch is re-run with its own offsets before anything new
             pending = self.checkpoint.pending()
             if pending is not None:
+                self._recovering(pending)
                 done(self._run_one(pending))
             limit = None if trigger.kind == "once" else self.config.source.max_files_per_trigger
             while True:

@@ -1,9 +1,11 @@
-"""Rich rendering of run reports."""
+"""Rich rendering of run reports: the micro-batch table, one-line summaries, run totals."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from rich import box
 from rich.table import Table
 
 from cdcflow.report import BatchReport
@@ -11,9 +13,9 @@ from cdcflow.report import BatchReport
 _COLUMNS = (
     ("batch", "batch_id"),
     ("files", "files"),
-    ("received", "records_received"),
+    ("records", "records_received"),
     ("accepted", "accepted"),
-    ("quarantined", "quarantined"),
+    ("quar.", "quarantined"),
     ("dups", "duplicates"),
     ("ins", "inserts"),
     ("upd", "updates"),
@@ -22,15 +24,61 @@ _COLUMNS = (
     ("tomb", "tombstoned"),
     ("late", "late_events"),
     ("ms", "duration_ms"),
-    ("silver v", "silver_version"),
+    ("ev/s", None),
+    ("silver", "silver_version"),
 )
 
 
+def events_per_second(records: int, duration_ms: int) -> int:
+    """Records per second of wall time (0 when no time was measured)."""
+    return int(records * 1000 / duration_ms) if duration_ms > 0 else 0
+
+
 def batch_table(reports: Sequence[BatchReport], title: str | None = "micro-batches") -> Table:
-    """One row per micro-batch with its counts."""
-    table = Table(title=title)
+    """One row per micro-batch with its counts and throughput (records per second)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=0)
     for header, _ in _COLUMNS:
         table.add_column(header, justify="right")
     for report in reports:
-        table.add_row(*(str(getattr(report, attr)) for _, attr in _COLUMNS))
+        table.add_row(
+            *(
+                str(getattr(report, attr))
+                if attr
+                else f"{events_per_second(report.records_received, report.duration_ms):,}"
+                for _, attr in _COLUMNS
+            )
+        )
     return table
+
+
+def batch_line(report: BatchReport) -> str:
+    """One line summarising a committed micro-batch (files, records, outcome, events/s)."""
+    rate = events_per_second(report.records_received, report.duration_ms)
+    return (
+        f"batch {report.batch_id}: {report.files} files, {report.records_received:,} records"
+        f" ({report.accepted:,} accepted, {report.quarantined:,} quarantined,"
+        f" {report.duplicates:,} duplicates), {rate:,} events/s, {report.duration_ms:,} ms,"
+        f" silver v{report.silver_version}"
+    )
+
+
+@dataclass
+class RunTotals:
+    """Running totals of the micro-batches of one ``cdcflow run`` (the live progress line)."""
+
+    batches: int = 0
+    files: int = 0
+    records: int = 0
+    duration_ms: int = 0
+
+    def add(self, report: BatchReport) -> None:
+        """Count one committed micro-batch."""
+        self.batches += 1
+        self.files += report.files
+        self.records += report.records_received
+        self.duration_ms += report.duration_ms
+
+    def detail(self) -> str:
+        """``N files, N records, N events/s`` so far."""
+        rate = events_per_second(self.records, self.duration_ms)
+        return f"{self.files:,} files, {self.records:,} records, {rate:,} events/s"

@@ -10,7 +10,6 @@ import json
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cdcflow.cli.app import ConfigOption, console, load
@@ -30,7 +29,7 @@ def run_replay(
     bucket_rows: int = DEFAULT_BUCKET_ROWS,
     show_progress: bool = True,
 ) -> ReplayResult:
-    """Rebuild the shadow tables (with a Rich progress bar), then verify and/or apply.
+    """Rebuild the shadow tables, then verify and/or apply, showing progress on a terminal.
 
     Returns:
         The :class:`~cdcflow.engines.local.replay.ReplayResult`.
@@ -43,27 +42,21 @@ def run_replay(
         CdcflowError: ``ReplayError`` when ``--apply`` is asked for a Bronze version that is
             not the latest.
     """
+    from cdcflow.cli.progress import working
     from cdcflow.engines.local import replay as engine_replay
 
-    with Progress(
-        TextColumn("replay buckets"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not show_progress,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("replay", total=None)
+    with working("replay: rebuilding from bronze", unit="buckets", enabled=show_progress) as work:
 
         def on_bucket(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            work.update(completed=done, total=total)
 
         result = engine_replay.rebuild_shadow(config, to_version, bucket_rows, on_bucket)
     if verify:
-        engine_replay.verify(config, result)
+        with working("replay: comparing with the live silver", enabled=show_progress):
+            engine_replay.verify(config, result)
     if apply:
-        engine_replay.apply(config, result)
+        with working("replay: replacing silver with the rebuilt state", enabled=show_progress):
+            engine_replay.apply(config, result)
     return result
 
 

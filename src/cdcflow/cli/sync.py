@@ -77,6 +77,7 @@ def snowflake(
 ) -> None:
     """Silver -> DIM_CUSTOMER_CURRENT and Gold -> AGG_* in Snowflake (emulator by default)."""
     from cdcflow.cli.app import console, load
+    from cdcflow.cli.progress import working
     from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
     from cdcflow.sinks.snowflake.sync import sync_snowflake
 
@@ -88,7 +89,7 @@ def snowflake(
     stop = threading.Event()
 
     def once(refresh: bool) -> None:
-        with console.status("synchronizing Snowflake"):
+        with working("snowflake: synchronizing silver and gold"):
             report = sync_snowflake(cfg, full=refresh)
         console.print(_report_table(report))
 
@@ -106,7 +107,8 @@ def snowflake(
             for sig, old in previous.items():
                 signal.signal(sig, old)
     if verify:
-        result = reconcile_snowflake(cfg)
+        with working("snowflake: comparing with silver and gold"):
+            result = reconcile_snowflake(cfg)
         console.print(result.summary(), markup=False, highlight=False)
         if not result.equal:
             raise typer.Exit(1)

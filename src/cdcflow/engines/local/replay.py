@@ -279,9 +279,14 @@ def rebuild_shadow(
             on_bucket(bucket + 1, buckets)
     result.rejected = dict(sorted(rejected.items()))
     result.seconds = time.perf_counter() - started
+    decided_later = ("verified", "applied_version", "replay_id", "resumed")  # verify / apply
     log.info(
         "replay shadow rebuilt",
-        extra={k: v for k, v in result.to_json().items() if not k.endswith("report")},
+        extra={
+            k: v
+            for k, v in result.to_json().items()
+            if not k.endswith("report") and k not in decided_later
+        },
     )
     return result
 
@@ -316,7 +321,23 @@ def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
             expected_label="replayed tombstones",
             actual_label="silver/customer_tombstones",
         )
+    log.info(
+        "replay verified",
+        extra={
+            "verified": result.verified,
+            "bronze_version": result.bronze_version,
+            "silver_differences": _differences(result.silver_report),
+            "tombstone_differences": _differences(result.tombstone_report),
+        },
+    )
     return result
+
+
+def _differences(report: ReconcileReport | None) -> int | None:
+    """Keys that differ (missing, extra or mismatched) in a verification report."""
+    if report is None:
+        return None
+    return report.missing_keys + report.extra_keys + report.rows_with_differences
 
 
 def _batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
