@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cdcflow.cli.app import console
+from cdcflow.cli.progress import working
 from cdcflow.errors import CdcflowError
 from cdcflow.sources.postgres import PostgresSourceError, require_psycopg
 
@@ -49,15 +49,7 @@ def source_workload(
         raise PostgresSourceError(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
     total = -(-customers // REGISTRATION_BATCH) + transactions
     try:
-        with Progress(
-            TextColumn("workload"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("transactions", total=total)
+        with working("source workload", total=total, unit="transactions") as work:
             summary = run_workload(
                 conn,
                 customers,
@@ -65,7 +57,7 @@ def source_workload(
                 seed=seed,
                 table=table,
                 replica_identity=replica_identity,
-                progress=lambda n: bar.advance(task, n),
+                progress=work.advance,
             )
     except psycopg.Error as exc:
         raise PostgresSourceError(f"workload failed: {str(exc).strip()}") from None
