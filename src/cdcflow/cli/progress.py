@@ -30,6 +30,8 @@ class _Count(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         unit = str(task.fields.get("unit", ""))
+        if task.total is None and not unit:  # one step of unknown size: nothing to count
+            return Text("")
         if task.total is None and int(task.completed) == 1 and unit.endswith("s"):
             unit = unit[:-2] if unit.endswith("ches") else unit[:-1]  # 1 batch, 1 bucket
         done = f"{int(task.completed):,}"
