@@ -1,21 +1,30 @@
 # cdcflow — the two entry points of the README: `make demo` and `make test`.
-# Each bootstraps its own environment: installs uv if missing, then the locked dependencies.
+# Each bootstraps its own environment (scripts/bootstrap.sh: uv if missing, then the locked
+# dependencies into ./.venv); `make test` also installs and starts the services its tests need.
+# Afterwards the project's tools are in .venv/bin (no PATH change needed): .venv/bin/cdcflow …
 SHELL := /bin/bash
-UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 export PATH := $(HOME)/.local/bin:$(PATH)
+# pytest-xdist: two workers; each xdist_group (Spark, PostgreSQL, docs: tests/conftest.py) stays
+# on one worker. PYTEST_ARGS= runs in one process.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: bootstrap spark-jars demo test lint typecheck unit clean
+.PHONY: bootstrap spark-jars demo run test lint typecheck unit clean
 
 bootstrap:
-	@command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv
-	@uv sync --frozen --all-extras --quiet
+	@bash scripts/bootstrap.sh
 
-# Delta Lake jars for the Spark engine, fetched with Maven into ./.spark-jars (idempotent)
+# Java 17 + Maven (apt, when missing), then the Delta Lake jars for the Spark engine into
+# ./.spark-jars (idempotent)
 spark-jars: bootstrap
-	bash scripts/spark/fetch-jars.sh
+	@bash scripts/spark/install.sh
+	@bash scripts/spark/fetch-jars.sh
 
 demo: bootstrap
-	uv run cdcflow demo
+	.venv/bin/cdcflow demo
+
+# any cdcflow command: make run ARGS="reconcile --config config/dev.yaml --expected expected.parquet"
+run: bootstrap
+	.venv/bin/cdcflow $(ARGS)
 
 lint: bootstrap
 	uv run ruff check src tests bench
@@ -24,8 +33,10 @@ lint: bootstrap
 typecheck: bootstrap
 	uv run mypy src
 
+# PostgreSQL 15 + wal2json installed and started for the tests, stopped afterwards
+# (scripts/with-services.sh); Spark's Java, Maven and jars by spark-jars
 unit: bootstrap spark-jars
-	uv run pytest -q
+	bash scripts/with-services.sh uv run pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck unit
 

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import subprocess
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +24,55 @@ from cdcflow.plan.reference import SILVER_COLUMNS, ReferenceState, fold
 from cdcflow.plan.rules import RuleSet, validate_record
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+REPO = Path(__file__).resolve().parents[1]
+PG_PORT = int(os.environ.get("CDCFLOW_PG_PORT", "55432"))
+
+#: pytest-xdist groups (``make test`` runs ``-n 2 --dist loadgroup``): every test of a group runs
+#: on the same worker, so one JVM serves all Spark tests, one worker talks to the PostgreSQL
+#: server, and the docs walk-through (its own Spark and PostgreSQL) runs beside the rest.
+XDIST_GROUPS = {"spark": "spark", "postgres": "pg_server", "docs": "docs"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put each test of a group (its marker, or the group's session fixture) in its xdist group."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for group, fixture in XDIST_GROUPS.items():
+            if item.get_closest_marker(group) is not None or fixture in fixtures:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The local PostgreSQL of ``scripts/postgres`` (port ``$CDCFLOW_PG_PORT``, default 55432,
+    data ``$CDCFLOW_PG_DATA``, default ``<repo>/.pgdata``); yields the admin DSN.
+
+    Reuses a running server (``make test`` starts one with ``scripts/with-services.sh``);
+    otherwise starts it and stops it at the end of the session, deleting its data folder when
+    this fixture created it (start.sh may have put it under /var/tmp). Fails — never skips —
+    when the server cannot start, with start.sh's reason (e.g. wal2json not installed).
+    """
+    env = {**os.environ, "CDCFLOW_PG_PORT": str(PG_PORT)}
+    env.setdefault("CDCFLOW_PG_DATA", str(REPO / ".pgdata"))
+    created = not (Path(env["CDCFLOW_PG_DATA"]) / "PG_VERSION").exists()
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/postgres/start.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"PostgreSQL did not start (`make test` installs it with scripts/postgres/install.sh):"
+        f"\n{done.stdout}\n{done.stderr}"
+    )
+    yield done.stdout.strip().splitlines()[-1]
+    if "postgres: started" in done.stdout:
+        stop = ["bash", str(REPO / "scripts/postgres/stop.sh"), *(["--purge"] if created else [])]
+        subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """PostgreSQL logical replication source, against a real PostgreSQL started by the test set-up.
 
-The session fixture runs ``scripts/postgres/start.sh`` (data folder ``$CDCFLOW_PG_DATA``, default
-``<repo>/.pgdata``; port ``$CDCFLOW_PG_PORT``, default 55432). If PostgreSQL cannot be started,
-these tests fail — they never skip. Each test gets its own database and replication slot.
+The session fixture ``pg_server`` (tests/conftest.py) runs ``scripts/postgres/start.sh`` (data
+folder ``$CDCFLOW_PG_DATA``, default ``<repo>/.pgdata``; port ``$CDCFLOW_PG_PORT``, default 55432).
+If PostgreSQL cannot be started, these tests fail — they never skip. Each test gets its own
+database and replication slot.
 """
 
 from __future__ import annotations
@@ -43,23 +44,6 @@ def read_silver(config: CdcflowConfig) -> pl.DataFrame:
     """Silver's public columns (one row per customer_id)."""
     table = DeltaTable(config.table_uri("silver/customers"))
     return pl.scan_delta(table).select(list(SILVER_COLUMNS)).collect()
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> str:
-    """Start (or reuse) the local PostgreSQL; return the admin DSN. Fails if it cannot start."""
-    env = {**os.environ, "CDCFLOW_PG_PORT": str(PORT)}
-    env.setdefault("CDCFLOW_PG_DATA", str(REPO / ".pgdata"))
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts/postgres/start.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, f"PostgreSQL did not start:\n{done.stdout}\n{done.stderr}"
-    return done.stdout.strip().splitlines()[-1]
 
 
 class PgLake:

@@ -16,6 +16,7 @@ DEMO_DIR="${DEMO_DIR:-./demo/postgres}"
 export CDCFLOW_PG_DB="$DB"
 
 bash scripts/postgres/install.sh
+[ -x .venv/bin/cdcflow ] || bash scripts/bootstrap.sh   # the project environment (make demo/test made it)
 DSN="$(bash scripts/postgres/start.sh | tail -n 1)"
 
 rm -rf "$DEMO_DIR"
@@ -49,11 +50,11 @@ logging:
 YAML
 
 # 1. the table and the slot exist before the first change (the slot has no initial snapshot)
-uv run cdcflow source-workload --dsn "$DSN" --customers 0 --transactions 0 >/dev/null
-uv run cdcflow run --config "$DEMO_DIR/cdcflow.yaml" --trigger once
+.venv/bin/cdcflow source-workload --dsn "$DSN" --customers 0 --transactions 0 >/dev/null
+.venv/bin/cdcflow run --config "$DEMO_DIR/cdcflow.yaml" --trigger once
 # 2. a live workload
-uv run cdcflow source-workload --dsn "$DSN" --customers "${CUSTOMERS:-200}" --transactions "${TRANSACTIONS:-2000}"
+.venv/bin/cdcflow source-workload --dsn "$DSN" --customers "${CUSTOMERS:-200}" --transactions "${TRANSACTIONS:-2000}"
 # 3. stream it: one micro-batch per staged slot range
-uv run cdcflow run --config "$DEMO_DIR/cdcflow.yaml" --trigger available-now
+.venv/bin/cdcflow run --config "$DEMO_DIR/cdcflow.yaml" --trigger available-now
 # 4. Silver vs the live source table, at the LSN the pipeline consumed
-uv run cdcflow reconcile --config "$DEMO_DIR/cdcflow.yaml" --source-snapshot postgres
+.venv/bin/cdcflow reconcile --config "$DEMO_DIR/cdcflow.yaml" --source-snapshot postgres

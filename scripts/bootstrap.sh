@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The environment of `make demo` / `make test`: uv (installed into ~/.local/bin when missing),
+# then the locked dependencies with every extra into ./.venv. Idempotent.
+#
+# uv does not have to be on your PATH afterwards: the README's commands call the tools of the
+# project environment directly (.venv/bin/cdcflow, .venv/bin/python, .venv/bin/pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.local/bin:$PATH"
+
+if ! command -v uv >/dev/null 2>&1; then
+  echo "bootstrap: installing uv into ~/.local/bin"
+  python3 -m pip install --quiet --user uv 2>/dev/null \
+    || python3 -m pip install --quiet --user --break-system-packages uv 2>/dev/null \
+    || python3 -m pip install --quiet uv 2>/dev/null \
+    || { curl -LsSf https://astral.sh/uv/install.sh | env UV_NO_MODIFY_PATH=1 sh; }
+  command -v uv >/dev/null 2>&1 || { echo "bootstrap: uv could not be installed" >&2; exit 1; }
+fi
+uv sync --frozen --all-extras --quiet

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Run a command (the test suite) with the services its tests need, set up on the way:
+#
+#   PostgreSQL 15 + wal2json   installed when missing (scripts/postgres/install.sh), started when
+#                              not running (scripts/postgres/start.sh), and afterwards stopped if
+#                              this script started it — its data folder removed too when this
+#                              script created it (it may live under /var/tmp, see start.sh).
+#
+# The server's port is exported as CDCFLOW_PG_PORT: the running server's, else 55432, else the
+# next free port when another server already listens on 55432. When PostgreSQL cannot be
+# installed or started, the command still runs (every other test is worth running) and the
+# PostgreSQL tests fail with the reason.
+#
+# Usage: scripts/with-services.sh COMMAND [ARGS...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+DATA="${CDCFLOW_PG_DATA:-./.pgdata}"
+export CDCFLOW_PG_DATA="$DATA"
+
+listening() {  # something accepts TCP connections on 127.0.0.1:$1
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+if [ -z "${CDCFLOW_PG_PORT:-}" ]; then
+  port=""
+  if [ -f "$DATA/postmaster.pid" ] && [ -e "/proc/$(head -n 1 "$DATA/postmaster.pid")" ]; then
+    port="$(sed -n 4p "$DATA/postmaster.pid")"  # this checkout's server is already up
+  else
+    for candidate in $(seq 55432 55499); do
+      if ! listening "$candidate"; then port="$candidate"; break; fi
+    done
+  fi
+  export CDCFLOW_PG_PORT="${port:-55432}"
+fi
+
+created=0
+[ -f "$DATA/PG_VERSION" ] || created=1
+stop_args=()
+[ "$created" -eq 1 ] && stop_args=(--purge)
+if ! bash scripts/postgres/install.sh; then
+  echo "postgres: PostgreSQL 15 + wal2json could not be installed (see above):" \
+    "the PostgreSQL tests will fail" >&2
+elif ! out="$(bash scripts/postgres/start.sh)"; then
+  echo "postgres: the server did not start (see above): the PostgreSQL tests will fail" >&2
+else
+  printf '%s\n' "$out" | sed '$d'
+  if grep -q '^postgres: started' <<<"$out"; then
+    trap 'bash scripts/postgres/stop.sh "${stop_args[@]}"' EXIT
+    trap 'exit 130' INT TERM
+  fi
+fi
+
+"$@"
