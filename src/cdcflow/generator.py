@@ -43,6 +43,22 @@ _PLACES = [
     ("Austin", "United States"),
 ]
 _STATUSES = ["ACTIVE"] * 6 + ["INACTIVE", "SUSPENDED"]
+#: Domains reserved for documentation (RFC 2606): realistic addresses that reach nobody.
+_DOMAINS = ["example.com", "example.net", "example.org"]
+
+
+def _email(name: str, number: int) -> str:
+    """A new e-mail address of the customer named ``name`` (``first.last<n>@example.*``)."""
+    local = ".".join(name.lower().split())
+    return f"{local}{number % 100}@{_DOMAINS[number % len(_DOMAINS)]}"
+
+
+def _other_place(city: Any) -> tuple[str, str]:
+    """A real (city, country) other than ``city`` (the next one of the list; the first for an
+    unknown or missing city)."""
+    cities = [c for c, _ in _PLACES]
+    nxt = (cities.index(city) + 1) % len(_PLACES) if city in cities else 0
+    return _PLACES[nxt]
 
 
 @dataclass
@@ -175,7 +191,7 @@ def _source_changes(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> 
                 city, country = rng.choice(_PLACES)
                 change.update(city=city, country=country)
             elif kind < 0.7:
-                change["email"] = f"user{rng.randint(1, 10**6)}@newdomain.com"
+                change["email"] = _email(row["customer_name"], rng.randint(1, 10**6))
             elif kind < 0.85:
                 change["status"] = rng.choice(_STATUSES)
             else:
@@ -206,7 +222,8 @@ def _invalid_record(i: int, rng: random.Random, now: datetime, valid: list[str])
         "customer_id": f"C-{rng.randint(1, 999)}",
         "operation": "UPDATE",
         "event_timestamp": now.isoformat(),
-        "city": "Nowhere",
+        "city": _PLACES[i % len(_PLACES)][0],
+        "country": _PLACES[i % len(_PLACES)][1],
         "metadata": {"lsn": "0/10", "source_table": "customers", "tx_id": "TX-0"},
     }
     kind = i % 9
@@ -227,10 +244,11 @@ def _invalid_record(i: int, rng: random.Random, now: datetime, valid: list[str])
     elif kind == 7:
         base["status"] = "ARCHIVED"
     elif valid:
-        # same event_id as a real change, other content: whichever copy arrives second is
-        # quarantined as DUPLICATE_EVENT_CONFLICT
+        # same event_id as a real change, other content (another real place, as a source
+        # re-sending a corrected row would): whichever copy arrives second is quarantined as
+        # DUPLICATE_EVENT_CONFLICT
         conflict = json.loads(valid[rng.randrange(len(valid))])
-        conflict["city"] = "Conflicting City"
+        conflict["city"], conflict["country"] = _other_place(conflict.get("city"))
         return json.dumps(conflict)
     return json.dumps(base)
 
