@@ -53,6 +53,19 @@ def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
     # a second demo run starts from a fresh folder
     again = _cli("demo", "--dir", str(folder), "--events", "300")
     assert again.returncode == 0, again.stdout + again.stderr
+    # its closing hint: commands that are none of its steps, each working as pasted
+    lines = again.stdout.splitlines()
+    hints = [line.strip() for line in lines[lines.index("next, from this folder:") + 1 :]]
+    assert len(hints) == 3 and all(" -m cdcflow " in h for h in hints), hints
+    assert [h.split(" -m cdcflow ")[1].split()[0] for h in hints] == ["as-of", "as-of", "optimize"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CDCFLOW", "SNOWFLAKE"))}
+    for hint in hints:
+        pasted = subprocess.run(
+            hint, shell=True, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert pasted.returncode == 0, (hint, pasted.stdout, pasted.stderr)
+        if "as-of" in hint:
+            assert "customer_id" in pasted.stdout and "(1 row)" in pasted.stdout
 
 
 def test_demo_refuses_a_foreign_folder(tmp_path: Path) -> None:

@@ -9,16 +9,38 @@ from typing import Annotated, Any
 
 import polars as pl
 import typer
-from rich.table import Table
 
 from cdcflow.errors import CdcflowError
 
+#: Column order of the table output: what tells customers apart first, so that the columns a
+#: narrow terminal leaves out are the bookkeeping ones (JSON keeps the Silver order).
+TABLE_ORDER = (
+    "customer_id",
+    "status",
+    "is_deleted",
+    "customer_name",
+    "city",
+    "country",
+    "email",
+    "phone",
+    "last_updated_at",
+    "last_operation",
+    "last_event_id",
+    "last_lsn",
+    "created_at",
+    "deleted_at",
+    "is_active",
+)
+
 
 def _rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for row in frame.to_dicts():
-        out.append({k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()})
-    return out
+    return frame.to_dicts()
+
+
+def table_columns(columns: list[str]) -> list[str]:
+    """``columns`` in :data:`TABLE_ORDER` (unknown ones after it, in their order)."""
+    known = [c for c in TABLE_ORDER if c in columns]
+    return known + [c for c in columns if c not in TABLE_ORDER]
 
 
 def as_of(
@@ -33,16 +55,27 @@ def as_of(
         int | None, typer.Option(min=0, help="Delta version of silver/customers.")
     ] = None,
     customer: Annotated[str | None, typer.Option(help="Only this customer_id.")] = None,
-    output: Annotated[str, typer.Option(help="json | table")] = "table",
+    output: Annotated[
+        str,
+        typer.Option(
+            help="table: one customer as field/value lines, several as a table of the columns "
+            "that fit the terminal; json: every column of every row, a JSON list."
+        ),
+    ] = "table",
 ) -> None:
-    """Customer state as of --timestamp (from history) or at Silver --version (time travel)."""
+    """Customer state as of --timestamp (from history) or at Silver --version (time travel).
+
+    With --customer the one row is shown as field/value lines; --output json prints all rows
+    and columns (timestamps in ISO-8601).
+    """
     from cdcflow.cli.app import console, load
+    from cdcflow.cli.tables import OUTPUTS, jsonable, print_rows
     from cdcflow.layers.asof import customer_state_as_of, silver_at_version
 
     if (timestamp is None) == (version is None):
         raise CdcflowError("as-of: give exactly one of --timestamp or --version")
-    if output not in ("json", "table"):
-        raise CdcflowError(f"--output: expected json or table, got {output!r}")
+    if output not in OUTPUTS:
+        raise CdcflowError(f"--output: expected table or json, got {output!r}")
     cfg = load(config)
     if timestamp is not None:
         try:
@@ -57,11 +90,9 @@ def as_of(
         title = f"silver/customers at version {version}"
     rows = _rows(frame)
     if output == "json":
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps(jsonable(rows), indent=2))
         return
-    table = Table(title=f"{title} ({len(rows)} rows)")
-    for name in frame.columns:
-        table.add_column(name)
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row.values()))
-    console.print(table)
+    noun = "row" if len(rows) == 1 else "rows"
+    more = "--output json shows every column, --customer ID one customer's"
+    columns = table_columns(frame.columns) if len(rows) != 1 else frame.columns
+    print_rows(console, f"{title} ({len(rows)} {noun})", rows, columns, more=more)

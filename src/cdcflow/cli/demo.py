@@ -8,19 +8,26 @@ Steps (:data:`STEPS`, run in order; a step is a name and a function of the
 3. ``reconcile`` — Silver and quarantine against the expected state and counts;
 4. ``replay --verify`` — rebuild Silver from Bronze alone and compare with the live Silver.
 
-It ends with one summary table; the exit code is 1 when a step failed.
+It ends with one summary table; the exit code is 1 when a step failed. After a passing demo it
+prints commands to try next (:func:`next_commands`): none of them a step the demo ran, each
+working as pasted from the current folder (the program as it was started, the demo's config).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
+import polars as pl
 import typer
 import yaml
 from rich.table import Table
@@ -210,8 +217,17 @@ def run_demo(
     seed: int = 42,
     delete_mode: str = "soft",
     steps: list[tuple[str, StepFn]] | None = None,
+    next_out: list[str] | None = None,
 ) -> list[StepResult]:
     """Run the demo steps in a fresh folder; a failing step stops the demo.
+
+    Args:
+        root: the demo folder (recreated).
+        events: source changes to generate.
+        seed: generator seed.
+        delete_mode: ``soft`` or ``hard``.
+        steps: the steps (default :data:`STEPS`).
+        next_out: when given and every step passed, :func:`next_commands` are appended to it.
 
     Returns:
         One result per step run.
@@ -233,6 +249,8 @@ def run_demo(
         results.append(StepResult(name, ok, detail, time.perf_counter() - started))
         if not ok:
             break
+    if next_out is not None and all(r.ok for r in results):
+        next_out.extend(next_commands(ctx))
     return results
 
 
@@ -249,6 +267,73 @@ def summary_table(results: list[StepResult]) -> Table:
     return table
 
 
+def program() -> str:
+    """This program as a command to paste in the current folder.
+
+    The path it was started by (``.venv/bin/cdcflow`` under ``uv run cdcflow`` or ``make demo``:
+    ``uv run`` puts the virtual environment on PATH only while it runs, so a bare ``cdcflow``
+    would not be found afterwards), relative to the current folder when inside it; or
+    ``<python> -m cdcflow`` when started as a module.
+    """
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if started.name in ("cdcflow", "cdcflow.exe") and started.is_file():
+        return _pasteable(started)
+    return f"{_pasteable(Path(sys.executable))} -m cdcflow"
+
+
+def _pasteable(path: Path) -> str:
+    """``path`` as typed in a shell of the current folder (relative inside it, quoted)."""
+    absolute = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink
+    try:
+        shown = str(absolute.relative_to(Path.cwd()))
+        if os.sep not in shown:
+            shown = f".{os.sep}{shown}"
+    except ValueError:
+        shown = str(absolute)
+    return shlex.quote(shown)
+
+
+def next_commands(ctx: DemoContext) -> list[str]:
+    """Commands to try after the demo, on its lakehouse; none of them is one of its steps.
+
+    * ``as-of --version``: a customer of the first micro-batch as Silver held it then;
+    * ``as-of --timestamp``: the same customer at an instant of its history;
+    * ``optimize``: compact, Z-order and vacuum the demo's tables.
+
+    Returns:
+        Command lines, each working as pasted from the current folder.
+    """
+    from deltalake import DeltaTable
+
+    from cdcflow.engines.local.delta import scan_table
+    from cdcflow.layers.asof import silver_at_version
+
+    prog = program()
+    config = shlex.quote(str(ctx.config_path))
+    commands = []
+    reports = ctx.data.get("reports") or []
+    version = reports[0].silver_version if reports else None
+    if version is not None:
+        first = silver_at_version(ctx.config, version)
+        if first.height:
+            customer = str(first["customer_id"][0])
+            base = f"{prog} as-of --config {config} --customer {shlex.quote(customer)}"
+            commands.append(f"{base} --version {version}")
+            history = DeltaTable(ctx.config.table_uri("silver/customer_history"))
+            starts = (
+                scan_table(history)
+                .filter(pl.col("customer_id") == customer)
+                .select("valid_from")
+                .sort("valid_from")
+                .collect()["valid_from"]
+            )
+            if len(starts):
+                instant = starts[len(starts) // 2].replace(microsecond=0) + timedelta(seconds=1)
+                commands.append(f"{base} --timestamp {instant:%Y-%m-%dT%H:%M:%SZ}")
+    commands.append(f"{prog} optimize --config {config}")
+    return commands
+
+
 def demo(
     folder: Annotated[Path, typer.Option("--dir", help="Demo folder (recreated).")] = Path("demo"),
     events: Annotated[int, typer.Option(min=100, help="Source changes to generate.")] = 10_000,
@@ -259,12 +344,17 @@ def demo(
     """Generate 10,000 events -> run -> reconcile against expected -> replay --verify."""
     if delete_mode not in ("soft", "hard"):
         raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
-    results = run_demo(folder, events, seed, delete_mode)
-    console.print(summary_table(results))
+    hints: list[str] = []
+    results = run_demo(folder, events, seed, delete_mode, next_out=hints)
+    from cdcflow.cli.tables import output_width
+
+    console.print(summary_table(results), width=output_width(console))
     if output == "json":
         typer.echo(json.dumps([r.__dict__ for r in results], indent=1))
     passed = len(results) == len(STEPS) and all(r.ok for r in results)
     if passed and output != "json":
-        console.print(f"next: cdcflow replay --config {folder / DEMO_MARKER} --verify")
+        console.print("next, from this folder:", highlight=False)
+        for command in hints:
+            console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
     if not passed:
         raise typer.Exit(1)
