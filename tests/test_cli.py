@@ -104,9 +104,11 @@ def test_processing_time_stops_cleanly_on_sigterm(workdir: Path) -> None:
         time.sleep(0.2)
     assert (commits / "0.json").exists()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "stop requested" in err
+    assert out.startswith("batch 0: 2 files, ")  # one line per micro-batch as it commits
+    assert "events/s" in out.splitlines()[0]
 
 
 def test_errors_are_one_line_with_nonzero_exit(workdir: Path) -> None:

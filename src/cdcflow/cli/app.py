@@ -19,7 +19,7 @@ from rich.console import Console
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import CdcflowError
-from cdcflow.logs import setup_logging
+from cdcflow.logs import set_log_format, setup_logging
 from cdcflow.report import BatchReport
 
 app = typer.Typer(
@@ -72,9 +72,23 @@ def _click_exception(exc: BaseException) -> bool:
     )
 
 
+GLOBAL_OPTIONS = ("--debug", "--log-format")
+
+
 def _usage_message(exc: Exception) -> str:
     message: str = exc.format_message()  # type: ignore[attr-defined]
     ctx = getattr(exc, "ctx", None)
+    option = getattr(exc, "option_name", None)
+    if type(exc).__name__ == "NoSuchOption" and option in GLOBAL_OPTIONS and ctx is not None:
+        names = []
+        while ctx.parent is not None:
+            names.append(ctx.info_name)
+            ctx = ctx.parent
+        command = " ".join(reversed(names))
+        return (
+            f"{option} is an option of cdcflow itself: put it before the command"
+            f" (cdcflow {option} ... {command} ...)"
+        )
     if ctx is not None and type(exc).__name__ != "ClickException":
         message = f"{message} (see: {ctx.command_path} --help)"
     return message
@@ -87,15 +101,27 @@ ConfigOption = Annotated[
 
 @app.callback()
 def _main(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks on errors.", metavar="")
+    ] = False,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            envvar="CDCFLOW_LOG_FORMAT",
+            help="Log on stderr: json | text | none | auto (JSON lines when stderr is not a"
+            " terminal, else warnings as text). Results and progress always go to stdout.",
+        ),
+    ] = "auto",
 ) -> None:
     _state["debug"] = debug
+    set_log_format(log_format)
 
 
 def load(config_path: Path) -> CdcflowConfig:
-    """Load the config and set up JSON logging at its level."""
+    """Load the config and set up logging (``logging`` section, ``--log-format``)."""
     config = load_config(config_path)
-    setup_logging(config.logging.level)
+    setup_logging(config.logging.level, config.logging.file)
     return config
 
 
@@ -107,19 +133,37 @@ def run(
         typer.Option(help="once | available-now | processing-time=<duration, e.g. 10s>"),
     ] = "available-now",
 ) -> None:
-    """Run the pipeline: landing files -> Bronze/quarantine -> Silver -> audit tables."""
-    from cdcflow.cli.render import batch_table
+    """Run the pipeline: landing files -> Bronze/quarantine -> Silver -> audit tables.
+
+    Prints one summary per micro-batch on stdout: a table at the end (``once``,
+    ``available-now``) or one line per batch as it commits (``processing-time``); on a terminal
+    a live line shows the batches, files, records and events/s so far.
+    """
+    from cdcflow.cli.progress import working
+    from cdcflow.cli.render import RunTotals, batch_line, batch_table
     from cdcflow.pipeline import Pipeline, Trigger
 
     parsed = Trigger.parse(trigger)
     pipeline = Pipeline(load(config))
+    continuous = parsed.kind == "processing-time"
+    totals = RunTotals()
+    label = "waiting for landing files" if continuous else "micro-batches"
+    with working(label, unit="batches") as work:
 
-    def show(report: BatchReport) -> None:
-        if parsed.kind == "processing-time":
-            console.print(batch_table([report], title=None))
+        def show(report: BatchReport) -> None:
+            totals.add(report)
+            work.update(completed=totals.batches, detail=totals.detail())
+            if continuous:
+                work.step(batch_line(report))
 
-    reports = pipeline.run(parsed, on_batch=show)
-    if parsed.kind != "processing-time":
+        def recovering(batch_id: int) -> None:
+            work.step(
+                f"recovering micro-batch {batch_id}: an earlier run stopped before committing"
+                " it; re-running it with its recorded files"
+            )
+
+        reports = pipeline.run(parsed, on_batch=show, on_recover=recovering)
+    if not continuous:
         if reports:
             console.print(batch_table(reports))
         else:

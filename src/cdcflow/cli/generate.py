@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from cdcflow.cli.app import console
+from cdcflow.cli.progress import working
+from cdcflow.cli.tables import output_width
 from cdcflow.errors import CdcflowError
 from cdcflow.generator import GenerationSummary, GeneratorConfig, expected_outcome
 from cdcflow.generator import generate as write_events
@@ -53,6 +56,40 @@ def write_expected(
     return counts
 
 
+def summary_table(
+    summary: GenerationSummary,
+    out: Path,
+    expected: Path | None = None,
+    expected_counts: Path | None = None,
+    counts: dict[str, Any] | None = None,
+    delete_mode: str = "soft",
+) -> Table:
+    """What ``generate`` wrote, one ``what | value`` line each: the landing files and records,
+    and with ``--expected`` both files written (state, counts) and the expected counts."""
+    table = Table(title="generate", title_justify="left")
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_row("landing folder", str(out))
+    table.add_row("files", str(len(summary.files)))
+    table.add_row(
+        "records",
+        f"{summary.records:,} ({summary.valid_events:,} changes, {summary.duplicates:,} "
+        f"duplicates, {summary.invalid:,} invalid)",
+    )
+    if expected is not None and counts is not None:
+        silver = counts["silver"]
+        table.add_row("expected state", f"{expected} ({delete_mode} mode)")
+        table.add_row("expected counts", str(expected_counts or counts_path_for(expected)))
+        table.add_row(
+            "expected Silver rows",
+            f"{silver['rows']:,} ({silver['active']:,} active, {silver['deleted']:,} deleted, "
+            f"{silver['tombstones']:,} tombstones)",
+        )
+        reasons = ", ".join(f"{k} {v:,}" for k, v in counts["quarantine"].items())
+        table.add_row("expected quarantined", f"{counts['quarantined']:,} ({reasons})")
+    return table
+
+
 def generate(
     out: Annotated[Path, typer.Option(help="Landing folder to write into.")] = Path("./landing"),
     events: Annotated[int, typer.Option(min=1, help="Number of source changes.")] = 2000,
@@ -86,28 +123,26 @@ def generate(
     """
     if lsn_notation not in NOTATIONS:
         raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
-    summary = write_events(
-        out,
-        GeneratorConfig(
-            events=events,
-            customers=customers,
-            files=files,
-            seed=seed,
-            duplicate_rate=duplicate_rate,
-            out_of_order_rate=out_of_order_rate,
-            late_rate=late_rate,
-            invalid_rate=invalid_rate,
-            partial_rate=partial_rate,
-            lsn_notation=lsn_notation,  # type: ignore[arg-type]
-            gzip_every=gzip_every,
-        ),
-    )
-    console.print(
-        f"wrote {summary.records} records ({summary.valid_events} changes, "
-        f"{summary.duplicates} duplicates, {summary.invalid} invalid) "
-        f"in {len(summary.files)} files to {out}"
-    )
+    with working("generate: writing landing files"):
+        summary = write_events(
+            out,
+            GeneratorConfig(
+                events=events,
+                customers=customers,
+                files=files,
+                seed=seed,
+                duplicate_rate=duplicate_rate,
+                out_of_order_rate=out_of_order_rate,
+                late_rate=late_rate,
+                invalid_rate=invalid_rate,
+                partial_rate=partial_rate,
+                lsn_notation=lsn_notation,  # type: ignore[arg-type]
+                gzip_every=gzip_every,
+            ),
+        )
+    counts = None
     if expected is not None:
-        counts = write_expected(summary, expected, expected_counts, delete_mode)
-        silver = counts["silver"]
-        console.print(f"expected state ({delete_mode} mode) written to {expected}: {silver}")
+        with working("generate: computing the expected state"):
+            counts = write_expected(summary, expected, expected_counts, delete_mode)
+    table = summary_table(summary, out, expected, expected_counts, counts, delete_mode)
+    console.print(table, width=output_width(console))

@@ -1,0 +1,225 @@
+"""Output channels of the ``cdcflow`` command (issue 12): results and progress on stdout, logs on
+stderr only when asked (or when stderr is not a terminal), usage and operational errors in one
+line that says what to do."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.test_cli import CONFIG, cdcflow, one_error_line
+
+
+def cdcflow_on_terminal(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Run ``cdcflow`` with stdout piped and stderr on a pseudo-terminal (a user piping stdout).
+
+    Returns:
+        (exit code, stdout, what the terminal received on stderr).
+    """
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    full_env.update(env or {})
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdcflow", *args],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+    )
+    os.close(slave)
+    received: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the process closed the terminal
+                return
+            if not chunk:
+                return
+            received.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    out, _ = proc.communicate(timeout=300)
+    reader.join(timeout=10)
+    os.close(master)
+    return proc.returncode, out, b"".join(received).decode().replace("\r\n", "\n")
+
+
+@pytest.fixture(scope="module")
+def landed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the config and 5 generated landing files (2 micro-batches of <= 3 files)."""
+    root = tmp_path_factory.mktemp("output")
+    (root / "cdcflow.yaml").write_text(CONFIG)
+    gen = cdcflow("generate", "--out", "landing", "--events", "300", "--files", "5", cwd=root)
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stderr == ""
+    return root
+
+
+def _fresh(landed: Path, tmp_path: Path) -> Path:
+    """A new lakehouse over the shared landing files."""
+    (tmp_path / "cdcflow.yaml").write_text(CONFIG.replace("./landing", str(landed / "landing")))
+    return tmp_path
+
+
+def _table_rows(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+
+
+def test_run_prints_each_batch_once_on_stdout_and_logs_only_when_asked(
+    landed: Path, tmp_path: Path
+) -> None:
+    work = _fresh(landed, tmp_path)
+    code, out, err = cdcflow_on_terminal("run", "--config", "cdcflow.yaml", cwd=work)
+    assert code == 0, err
+    assert err == ""  # a person at a terminal: the table is the result, no JSON echo of it
+    assert len(_table_rows(out)) == 2 and "ev/s" in out
+    assert "\x1b" not in out  # stdout is a pipe: nothing animated
+
+    again = cdcflow("--log-format", "json", "run", "--config", "cdcflow.yaml", cwd=work)
+    assert again.returncode == 0 and "no new landing files" in again.stdout
+    (work / "lakehouse").rename(work / "old-lakehouse")
+
+    logged = cdcflow("--log-format", "json", "run", "--config", "cdcflow.yaml", cwd=work)
+    assert logged.returncode == 0, logged.stderr
+    assert len(_table_rows(logged.stdout)) == 2
+    records = [json.loads(line) for line in logged.stderr.splitlines()]
+    assert [r["batch"]["batch_id"] for r in records if r["message"] == "micro-batch committed"] == [
+        0,
+        1,
+    ]
+    assert "{" not in logged.stdout  # no log line among the results
+
+
+def test_log_format_none_text_and_a_log_file(landed: Path, tmp_path: Path) -> None:
+    work = _fresh(landed, tmp_path)
+    config = (work / "cdcflow.yaml").read_text() + "logging: {level: INFO, file: logs/run.log}\n"
+    (work / "cdcflow.yaml").write_text(config)
+    quiet = cdcflow("--log-format", "none", "run", "--config", "cdcflow.yaml", cwd=work)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    logged = [json.loads(line) for line in (work / "logs" / "run.log").read_text().splitlines()]
+    assert sum(r["message"] == "micro-batch committed" for r in logged) == 2
+    text = cdcflow("run", "--config", "cdcflow.yaml", cwd=work, env={"CDCFLOW_LOG_FORMAT": "text"})
+    assert text.returncode == 0 and "no new landing files" in text.stdout
+    bad = cdcflow("--log-format", "xml", "run", "--config", "cdcflow.yaml", cwd=work)
+    assert bad.returncode == 2 and "--log-format" in one_error_line(bad)
+
+
+def test_text_log_records_are_one_line() -> None:
+    import logging
+
+    from cdcflow.logs import TextFormatter
+
+    record = logging.LogRecord("cdcflow.x", logging.WARNING, "", 0, "first\nsecond", None, None)
+    record.batch_id = 3
+    assert TextFormatter().format(record) == "warning: first | second (batch_id=3)"
+
+
+def test_recovering_batch_is_said_on_stdout(landed: Path, tmp_path: Path) -> None:
+    work = _fresh(landed, tmp_path)
+    crash = cdcflow(
+        "run", "--config", "cdcflow.yaml", cwd=work, env={"CDCFLOW_CRASH_AT": "after_bronze@0"}
+    )
+    assert crash.returncode == 86
+    code, out, err = cdcflow_on_terminal("run", "--config", "cdcflow.yaml", cwd=work)
+    assert code == 0 and err == "", err
+    first = out.splitlines()[0]
+    assert first.startswith("recovering micro-batch 0: ") and "re-running" in first
+    assert len(_table_rows(out)) == 2
+
+
+def test_replay_logs_the_verification_outcome(landed: Path, tmp_path: Path) -> None:
+    work = _fresh(landed, tmp_path)
+    assert cdcflow("run", "--config", "cdcflow.yaml", cwd=work).returncode == 0
+    done = cdcflow(
+        "--log-format", "json", "replay", "--config", "cdcflow.yaml", "--verify", cwd=work
+    )
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert all("verified" not in r for r in records if r["message"] == "replay shadow rebuilt")
+    verified = [r for r in records if r["message"] == "replay verified"]
+    assert len(verified) == 1 and verified[0]["verified"] is True
+    assert verified[0]["silver_differences"] == 0
+    assert "verified vs live silver" in done.stdout
+
+
+def test_lock_error_names_the_holder(tmp_path: Path) -> None:
+    (tmp_path / "cdcflow.yaml").write_text(CONFIG)
+    location = tmp_path / "lakehouse" / "_checkpoints" / "customers"
+    code = (
+        "import sys, time\n"
+        "from cdcflow.state.checkpoint import Checkpoint\n"
+        "with Checkpoint(sys.argv[1]).lock():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(location)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for command in ("run", "optimize"):
+            refused = cdcflow(command, "--config", "cdcflow.yaml", cwd=tmp_path)
+            assert refused.returncode == 2
+            line = one_error_line(refused)
+            assert f"pid {holder.pid} on {socket.gethostname()} since " in line, line
+    finally:
+        holder.kill()
+        holder.wait()
+    from cdcflow.state.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(location)
+    with checkpoint.lock():  # free again once the holder died (flock), even without clean-up
+        assert checkpoint.holder().startswith(f"pid {os.getpid()} on ")
+    assert checkpoint.holder() == ""  # emptied on release
+
+
+def test_usage_errors_say_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "cdcflow.yaml").write_text(CONFIG)
+    cases = {
+        ("runn",): "Did you mean 'run'?",
+        ("run", "--confg", "cdcflow.yaml"): "--config",
+        ("run", "--debug", "--config", "cdcflow.yaml"): "put it before the command",
+        ("sync", "snowflake", "--log-format", "json"): "(cdcflow --log-format ... sync snowflake",
+    }
+    for args, expected in cases.items():
+        result = cdcflow(*args, cwd=tmp_path)
+        assert result.returncode == 2, (args, result.stderr)
+        assert expected in one_error_line(result), args
+    (tmp_path / "typo.yaml").write_text("processing: {delete_mod: hard}\n")
+    typo = cdcflow("run", "--config", "typo.yaml", cwd=tmp_path)
+    assert typo.returncode == 2
+    line = one_error_line(typo)
+    assert "typo.yaml" in line and "processing.delete_mod" in line
+    assert "did you mean delete_mode?" in line
+
+
+def test_progress_is_animated_only_on_a_terminal() -> None:
+    from cdcflow.cli.progress import working
+
+    plain = io.StringIO()
+    with working("work", total=3, console=Console(file=plain, width=100)) as work:
+        work.advance()
+        work.step("step one")
+    assert plain.getvalue() == "step one\n"
+    live = io.StringIO()
+    terminal = Console(file=live, width=100, force_terminal=True)
+    with working("work", total=3, unit="files", console=terminal) as work:
+        work.update(completed=2, detail="a detail")
+        work.step("step two")
+    assert "step two" in live.getvalue() and "2/3 files" in live.getvalue()
