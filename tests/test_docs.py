@@ -56,11 +56,11 @@ DOCS = FIRST_DOCS + sorted(
 
 ADAPTATIONS = {
     "make test": "not run: it is the command running this test",
-    "bench/bench_*.py": "small sizes: --events 2000 --customers 200 --files 4",
+    "bench/bench_*.py": "small sizes: --events 500 --customers 50 --files 2",
     "pytest": "--collect-only: the same tests run in this suite",
     "--continuous / processing-time=": "SIGINT after the first round; must exit 0",
 }
-SMALL_BENCH = {"--events": "2000", "--customers": "200", "--files": "4"}
+SMALL_BENCH = {"--events": "500", "--customers": "50", "--files": "2"}
 TIMEOUT_S = 1200
 
 
@@ -197,15 +197,12 @@ def run_command(root: Path, env: dict[str, str], doc: str, command: str) -> str:
     readers_files(root, line)
     where = f"{doc}: `{command}` (ran `{line}`)"
     if how == "continuous":
-        out = root / ".docs-test.out"
-        with out.open("wb") as sink:
+        out, err = root / ".docs-test.out", root / ".docs-test.err"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
             proc = subprocess.Popen(
-                ["bash", "-c", f"exec {line}"],
-                cwd=root,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
+                ["bash", "-c", f"exec {line}"], cwd=root, env=env, stdout=stdout, stderr=stderr
             )
+            # the first round's result on stdout, then Ctrl-C
             deadline = time.monotonic() + TIMEOUT_S
             while out.stat().st_size == 0 and proc.poll() is None:
                 assert time.monotonic() < deadline, f"{where}: printed nothing"
@@ -213,7 +210,7 @@ def run_command(root: Path, env: dict[str, str], doc: str, command: str) -> str:
             time.sleep(1)
             proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=300)
-        text = out.read_text(errors="replace")
+        text = out.read_text(errors="replace") + err.read_text(errors="replace")
         assert code == 0, f"{where}: exit {code} after SIGINT\n{text[-4000:]}"
         return text
     done = subprocess.run(
