@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 from cdcflow.cli.app import app
@@ -31,6 +32,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     # a real process, as a user runs it (the Snowflake emulator lives for the process)

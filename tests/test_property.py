@@ -63,6 +63,7 @@ def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int]) -> Non
     ).height == len(records)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 @settings(
     max_examples=25,
