@@ -36,9 +36,9 @@ if [ ! -f /usr/lib/postgresql/15/lib/wal2json.so ] && [ ! -f "$PGBIN/../lib/wal2
   exit 1
 fi
 
-as_pg() {
+as_pg() {  # from / : the postgres user may not be allowed into the current folder
   if [ "$(id -u)" -eq 0 ]; then
-    runuser -u postgres -- "$@"
+    (cd / && runuser -u postgres -- "$@")
   else
     "$@"
   fi

@@ -11,7 +11,7 @@ if [ ! -f "$DATA/PG_VERSION" ]; then
 fi
 DATA="$(cd "$DATA" && pwd -P)"  # start.sh may have placed it behind a symlink
 as_pg() {
-  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+  if [ "$(id -u)" -eq 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 if as_pg "$PGBIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
   as_pg "$PGBIN/pg_ctl" -D "$DATA" -w -t 60 -m fast stop >/dev/null

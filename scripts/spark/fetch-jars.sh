@@ -40,6 +40,6 @@ cat > "$work/pom.xml" <<POM
   </dependencies>
 </project>
 POM
-mvn -q -B -f "$work/pom.xml" dependency:copy-dependencies \
+mvn -q -B -Dstyle.color=never -f "$work/pom.xml" dependency:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$(cd "$TARGET" && pwd)"
 ls "$TARGET"
