@@ -129,3 +129,46 @@ def test_log_file_is_resolved_against_the_current_folder(
     assert load_config(file).logging.file == str(tmp_path / "logs" / "cdcflow.log")
     file.write_text("logging: {level: WARNING}\n")
     assert load_config(file).logging.file == ""
+
+
+def test_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="not a UTF-8 text file"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("root", "fragment"), [("''", "must not be empty"), ("/data/50%41off", "'%XX'")]
+)
+def test_unusable_storage_roots_are_refused_at_load(
+    tmp_path: Path, root: str, fragment: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"storage: {{root: {root}}}\n")
+    with pytest.raises(ConfigError, match=r"storage\.root") as info:
+        load_config(path)
+    assert fragment in str(info.value) and str(path) in str(info.value)
+
+
+def test_pattern_check_prints_no_warning(tmp_path: Path) -> None:
+    import warnings
+
+    path = tmp_path / "c.yaml"
+    path.write_text("processing: {customer_id_pattern: '[[:alpha:]]+'}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(path)
+
+
+def test_emulator_refuses_a_folder_with_a_question_mark(tmp_path: Path) -> None:
+    from cdcflow.sinks.snowflake.connection import emulator_path
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"storage: {{root: '{tmp_path}/q?m/lake'}}\n")
+    with pytest.raises(ConfigError, match=r"snowflake\.emulator_path"):
+        emulator_path(load_config(path))
+    path.write_text(
+        f"storage: {{root: '{tmp_path}/q?m/lake'}}\nsnowflake: {{emulator_path: '{tmp_path}/e'}}\n"
+    )
+    assert emulator_path(load_config(path)) == str(tmp_path / "e")

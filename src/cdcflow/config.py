@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -76,6 +77,18 @@ class StorageSection(_Section):
 
     root: str = "./lakehouse"
     options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("root")
+    @classmethod
+    def _usable_root(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty (a local folder or an object-store URI)")
+        if "://" not in value and re.search("%[0-9A-Fa-f]{2}", value):
+            raise ValueError(
+                "delta-rs reads '%XX' in a local path as an escaped character: choose a root "
+                "without it"
+            )
+        return value
 
 
 class PostgresSourceSection(_Section):
@@ -155,7 +168,9 @@ class ProcessingSection(_Section):
         except re2.error as exc:
             raise ValueError(unsupported_by_re2(exc)) from None
         try:
-            re.compile(value)
+            with warnings.catch_warnings():  # e.g. FutureWarning "Possible nested set"
+                warnings.simplefilter("ignore")
+                re.compile(value)
         except re.error as exc:
             raise ValueError(f"not a valid regular expression: {exc}") from exc
         return value
@@ -328,6 +343,10 @@ def load_config(path: str | Path) -> CdcflowConfig:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{file}: cannot read config file ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{file}: not a UTF-8 text file (invalid byte at offset {exc.start})"
+        ) from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

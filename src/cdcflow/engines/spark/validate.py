@@ -170,14 +170,17 @@ _QUANTIFIER = re.compile(r"[*+?]|\{(\d+)(,(\d*))?\}")
 def backtracking_risk(pattern: str) -> str | None:
     """Why Java's backtracking regex could take exponential time on ``pattern``, or None.
 
-    The shape that does it is a repeated group holding a variable repetition or an alternation
-    (``(a+)+``, ``(a|a)*``, ``(\\w+\\s?)+``, ``(a{1,3}){5}``): on a near-miss input Java tries
-    every way to split the text between the two. The check reads the pattern text (groups,
-    classes, escapes, ``\\Q…\\E``, quantifiers) and errs on the safe side: ``(a|b)+`` is refused
-    although it is harmless — write ``[ab]+``.
+    The shapes that do it are a repeated group holding a variable repetition or an alternation
+    (``(a+)+``, ``(a|a)*``, ``(\\w+\\s?)+``, ``(a{1,3}){5}``), and several unbounded
+    repetitions in a row (``a*a*a*…``, ``(a+)(a+)…``): on a near-miss input Java tries every way
+    to split the text between them. A pattern may therefore hold at most one unbounded
+    repetition (``*``, ``+``, ``{n,}``): bound the others (``[A-Z]{1,10}-[0-9]+``). The check
+    reads the pattern text (groups, classes, escapes, ``\\Q…\\E``, quantifiers) and errs on the
+    safe side: ``(a|b)+`` is refused although it is harmless — write ``[ab]+``.
     """
     # one frame per open group: does it (or a group inside it) vary in length?
     frames: list[bool] = [False]
+    unbounded: list[int] = []  # positions of *, + and {n,}: two of them can overlap
     last_group_varies: bool | None = None  # the atom just closed was a group: did it vary?
     i, n = 0, len(pattern)
     while i < n:
@@ -224,6 +227,8 @@ def backtracking_risk(pattern: str) -> str | None:
                 else:
                     at_most = int(high) if comma and high else None if comma else int(low)
                 variable = match.group(0) in "*+?" or (comma is not None and high != low)
+                if at_most is None:
+                    unbounded.append(i)
                 if last_group_varies and (at_most is None or at_most > 1):
                     return (
                         "a repeated group holds a variable repetition or an alternation "
@@ -238,6 +243,12 @@ def backtracking_risk(pattern: str) -> str | None:
                 continue
             i += 1
         last_group_varies = atom_group
+    if len(unbounded) > 1:
+        near = pattern[max(0, unbounded[1] - 12) : unbounded[1] + 1]
+        return (
+            "two unbounded repetitions (*, +, {n,}) can split one run of characters between "
+            f"them (near {near!r}; a*a*…a*$ takes exponential-like time on 30 characters)"
+        )
     return None
 
 
@@ -278,7 +289,8 @@ def check_pattern(spark: SparkSession, customer_id_pattern: str) -> None:
         raise ConfigError(
             f"processing.customer_id_pattern: {risk}, which can make Java's backtracking regex "
             "(the spark engine) take exponential time on one record; rewrite it without a "
-            "repeated variable group (e.g. a+ for (a+)+, [ab]+ for (a|b)+)"
+            "repeated variable group and with at most one unbounded repetition (e.g. a+ for "
+            "(a+)+, [ab]+ for (a|b)+, [A-Z]{1,10}-[0-9]+ for [A-Z]+-[0-9]+)"
         )
     try:
         spark.range(1).select(_lit("C-1").rlike(java_pattern(customer_id_pattern))).collect()

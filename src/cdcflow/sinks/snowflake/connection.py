@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.errors import CdcflowError, MissingDependencyError
+from cdcflow.errors import CdcflowError, ConfigError, MissingDependencyError
 from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.settings import SnowflakeCredentials
 
@@ -147,16 +147,25 @@ def uses_emulator(config: CdcflowConfig) -> bool:
 
 
 def emulator_path(config: CdcflowConfig) -> str:
-    """Folder of the emulator's database files for ``config`` (or ``:memory:``)."""
+    """Folder of the emulator's database files for ``config`` (or ``:memory:``).
+
+    Raises:
+        ConfigError: the folder has a ``?`` in its path, which the emulator's DuckDB cannot
+            open (it names ``snowflake.emulator_path``, the way out).
+    """
     path = config.snowflake.emulator_path
     if path == MEMORY:
         return MEMORY
-    if path:
-        return str(Path(path).resolve())
     root = config.storage.root
-    if "://" in root:
+    if not path and "://" in root:
         return MEMORY
-    return str(Path(root).resolve() / "_snowflake_emulator")
+    folder = str(Path(path).resolve() if path else Path(root).resolve() / "_snowflake_emulator")
+    if "?" in folder:
+        raise ConfigError(
+            f"snowflake.emulator_path: the emulator cannot open database files under {folder} "
+            "(a '?' in the path): set snowflake.emulator_path to a folder without '?'"
+        )
+    return folder
 
 
 @dataclass(frozen=True)
