@@ -88,6 +88,12 @@ def workload(mode: str) -> list[list[Any]]:
     return [first, second]
 
 
+def crash_after_bronze(point: str, batch_id: int) -> None:
+    """A ``crash_point`` stand-in: the micro-batch fails right after its Bronze write."""
+    if point == "after_bronze":
+        raise RuntimeError("simulated crash after the Bronze write")
+
+
 def run_workload(lake: Lake, runs: list[list[Any]]) -> None:
     for files in runs:
         for records in files:
@@ -159,15 +165,11 @@ def test_restart_from_spark_checkpoint_after_bronze_write(
 ) -> None:
     import cdcflow.engines.spark.engine as spark_engine
 
-    def crash(point: str, batch_id: int) -> None:
-        if point == "after_bronze":
-            raise RuntimeError("simulated crash after the Bronze write")
-
     runs = workload("soft")[:1]
     local = Lake(tmp_path / "local")
     run_workload(local, runs)
     other = spark_lake(tmp_path / "spark")
-    monkeypatch.setattr(spark_engine, "crash_point", crash)
+    monkeypatch.setattr(spark_engine, "crash_point", crash_after_bronze)
     with pytest.raises(Exception, match="simulated crash"):
         run_workload(other, runs)
     assert (
@@ -226,15 +228,11 @@ def test_spark_rerun_reads_only_recorded_bytes_of_a_grown_file(
     import cdcflow.engines.spark.engine as spark_engine
     from cdcflow.errors import LandingFileChangedError
 
-    def crash(point: str, batch_id: int) -> None:
-        if point == "after_bronze":
-            raise RuntimeError("simulated crash after the Bronze write")
-
     runs = workload("soft")[:1]
     local = Lake(tmp_path / "local")
     run_workload(local, runs)
     other = spark_lake(tmp_path / "spark")
-    monkeypatch.setattr(spark_engine, "crash_point", crash)
+    monkeypatch.setattr(spark_engine, "crash_point", crash_after_bronze)
     with pytest.raises(Exception, match="simulated crash"):
         run_workload(other, runs)
     monkeypatch.undo()
@@ -248,7 +246,7 @@ def test_spark_rerun_reads_only_recorded_bytes_of_a_grown_file(
     same_tables(local, other)
     assert "C-90" not in other.silver()
     # a recorded file that is gone stops the re-run, naming it
-    monkeypatch.setattr(spark_engine, "crash_point", crash)
+    monkeypatch.setattr(spark_engine, "crash_point", crash_after_bronze)
     nxt = other.write([ev("E91", "C-91", "INSERT", "0/91", **full())])
     with pytest.raises(Exception, match="simulated crash"):
         other.run()

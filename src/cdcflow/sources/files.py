@@ -162,12 +162,8 @@ def check_taken(file: LandingFile, batch_id: int | None) -> None:
     """
     try:
         digest, read, _ = fingerprint(file.path, file.size)
-    except FileNotFoundError:
-        raise LandingFileChangedError(file, batch_id, "no longer exists") from None
     except OSError as exc:
-        raise LandingFileChangedError(
-            file, batch_id, f"cannot be opened ({exc.strerror})"
-        ) from None
+        raise _unopenable(file, batch_id, exc) from None
     _check(file, batch_id, read, digest)
 
 
@@ -282,12 +278,8 @@ def read_records(file: LandingFile, batch_id: int | None = None) -> Iterator[Raw
     digest = hashlib.sha256()
     try:
         handle = open(file.path, "rb")  # noqa: SIM115 - closed below, around the generator
-    except FileNotFoundError:
-        raise LandingFileChangedError(file, batch_id, "no longer exists") from None
     except OSError as exc:
-        raise LandingFileChangedError(
-            file, batch_id, f"cannot be opened ({exc.strerror})"
-        ) from None
+        raise _unopenable(file, batch_id, exc) from None
     with handle:
         if file.is_gzip:
             raw = handle.read(file.size)
@@ -311,6 +303,12 @@ def read_records(file: LandingFile, batch_id: int | None = None) -> Iterator[Raw
             if data.strip():
                 yield RawRecord(file.path, line_no, data)
         _check(file, batch_id, offset, digest.hexdigest())
+
+
+def _unopenable(file: LandingFile, batch_id: int | None, exc: OSError) -> LandingFileChangedError:
+    if isinstance(exc, FileNotFoundError):
+        return LandingFileChangedError(file, batch_id, "no longer exists")
+    return LandingFileChangedError(file, batch_id, f"cannot be opened ({exc.strerror})")
 
 
 def _check(file: LandingFile, batch_id: int | None, read: int, digest: str) -> None:
