@@ -33,15 +33,17 @@ PG_PORT = int(os.environ.get("CDCFLOW_PG_PORT", "55432"))
 XDIST_GROUPS = {"spark": "spark", "postgres": "pg_server", "docs": "docs"}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put each test of a group (its marker, or the group's session fixture) in its xdist group."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        for group, fixture in XDIST_GROUPS.items():
-            if item.get_closest_marker(group) is not None or fixture in fixtures:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Put a test of a group (its marker, or the group's session fixture) in its xdist group.
+
+    Done as each test is collected: xdist reads the groups in its own
+    pytest_collection_modifyitems, which may run before this conftest's.
+    """
+    fixtures = getattr(item, "fixturenames", ())
+    for group, fixture in XDIST_GROUPS.items():
+        if item.get_closest_marker(group) is not None or fixture in fixtures:
+            item.add_marker(pytest.mark.xdist_group(group))
+            return
 
 
 @pytest.fixture(scope="session")
