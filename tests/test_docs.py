@@ -161,7 +161,10 @@ def copy_checkout(target: Path) -> None:
         shutil.copy2(source, destination)
 
 
-@pytest.fixture(scope="module")
+# session-scoped: the docs continue from the README's state, so the copy must outlive any
+# interleaving of other modules' tests on this xdist worker (a module-scoped fixture is torn
+# down and rebuilt when the worker runs another module's test in between)
+@pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
     root = tmp_path_factory.mktemp("docs") / "cdcflow"
     copy_checkout(root)

@@ -230,15 +230,15 @@ def test_messy_records_agree(spark: Any, raws: list[str]) -> None:
 
 
 def test_split_lines_matches_the_python_reader(spark: Any) -> None:
-    from cdcflow.engines.spark.parse import _lines
     from cdcflow.engines.spark.validate import split_lines
+    from cdcflow.sources.files import content_lines
 
     content = "a\r\n\u2028\n \u0085\r\n\nX\r\u0085\n  \t\nlast".encode()
     files = spark.createDataFrame(
         [("/l/f.jsonl", 0, content)], "source_file string, file_mtime_ms long, content binary"
     )
     got = [(r.source_line, r.raw) for r in split_lines(files).orderBy("source_line").collect()]
-    want = [(n, data.decode()) for n, data, _ in _lines("/l/f.jsonl", content) if data]
+    want = [(n, data.decode()) for n, data, _ in content_lines("/l/f.jsonl", content) if data]
     assert got == want
 
 
