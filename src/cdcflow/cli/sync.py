@@ -93,19 +93,22 @@ def snowflake(
             report = sync_snowflake(cfg, full=refresh)
         console.print(_report_table(report))
 
-    once(full)
-    if continuous:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
 
-        def handler(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            while not stop.wait(pause):
-                once(False)
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
+    # continuous: SIGINT/SIGTERM (even during the first sync) stop after the sync in progress
+    previous = (
+        {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if continuous
+        else {}
+    )
+    try:
+        once(full)
+        while continuous and not stop.is_set() and not stop.wait(pause):
+            once(False)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
     if verify:
         with working("snowflake: comparing with silver and gold"):
             result = reconcile_snowflake(cfg)
