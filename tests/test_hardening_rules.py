@@ -168,23 +168,25 @@ def test_quarantine_details_and_logs_carry_no_pii(tmp_path: Path, json_log: io.S
         assert_no_values(raw, detail)
 
 
+def lake_config_file(lake: Lake, folder: Path, **sections: dict[str, object]) -> Path:
+    """A config file for ``lake`` (its paths, WARNING logs) plus ``sections``."""
+    config = folder / "cdcflow.yaml"
+    paths = {
+        "storage": {"root": lake.config.storage.root},
+        "source": {"path": lake.config.source.path},
+        "checkpoint": {"location": lake.config.checkpoint.location},
+    }
+    config.write_text(yaml.safe_dump({**paths, **sections, "logging": {"level": "WARNING"}}))
+    return config
+
+
 def test_reconcile_source_snapshot_errors_carry_no_row_values(tmp_path: Path) -> None:
     from cdcflow.cli.app import app
 
     lake = Lake(tmp_path)
     lake.write([good(customer_id="C-1")])
     lake.run()
-    config = tmp_path / "cdcflow.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "storage": {"root": lake.config.storage.root},
-                "source": {"path": lake.config.source.path},
-                "checkpoint": {"location": lake.config.checkpoint.location},
-                "logging": {"level": "WARNING"},
-            }
-        )
-    )
+    config = lake_config_file(lake, tmp_path)
     header = "customer_id,customer_name,email,phone,created_at,is_deleted\n"
     row = "C-1,Maya Kim,maya.kim@example.com,+1-555-0100"
     snapshots = {
@@ -253,18 +255,11 @@ def test_catastrophic_pattern_in_a_pipeline_run(tmp_path: Path) -> None:
     lake.write(
         [good(customer_id="a" * 40 + "!", event_id="E1"), good(customer_id="aaa", event_id="E2")]
     )
-    config = tmp_path / "cdcflow.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "storage": {"root": lake.config.storage.root},
-                "source": {"path": lake.config.source.path},
-                "checkpoint": {"location": lake.config.checkpoint.location},
-                "processing": {"customer_id_pattern": HOSTILE},
-                "gold": {"refresh_every_batches": 0},
-                "logging": {"level": "WARNING"},
-            }
-        )
+    config = lake_config_file(
+        lake,
+        tmp_path,
+        processing={"customer_id_pattern": HOSTILE},
+        gold={"refresh_every_batches": 0},
     )
     done = subprocess.run(
         [sys.executable, "-m", "cdcflow", "run", "--config", str(config)],
