@@ -119,28 +119,36 @@ class RawRecord:
     error: str | None = None
 
 
-def fingerprint(path: str | Path, size: int) -> tuple[str, int, bool]:
-    """SHA-256 of the first ``size`` bytes of a file.
+def fingerprint(
+    path: str | Path, size: int, cut: int | None = None
+) -> tuple[str, int, str | None, bool]:
+    """SHA-256 of the first ``size`` bytes of a file, and of its first ``cut`` bytes, in one read.
 
     Returns:
-        (hex digest, bytes actually read — less than ``size`` when the file is shorter, whether
-        the last byte read is a line feed).
+        (hex digest, bytes actually read — less than ``size`` when the file is shorter, hex
+        digest of the first ``cut`` bytes — None without ``cut`` or when fewer were read,
+        whether byte ``cut`` - 1 is a line feed).
 
     Raises:
         OSError: the file cannot be opened.
     """
     digest = hashlib.sha256()
     read = 0
-    last = b""
+    at_cut: str | None = digest.hexdigest() if cut == 0 else None
+    cut_ends_line = False
     with open(path, "rb") as handle:
         while read < size:
-            block = handle.read(min(_BLOCK, size - read))
+            want = min(_BLOCK, size - read)
+            if cut is not None and read < cut:
+                want = min(want, cut - read)  # a block ends exactly at the cut
+            block = handle.read(want)
             if not block:
                 break
             digest.update(block)
             read += len(block)
-            last = block[-1:]
-    return digest.hexdigest(), read, last == b"\n"
+            if cut is not None and read == cut and cut > 0:
+                at_cut, cut_ends_line = digest.copy().hexdigest(), block[-1:] == b"\n"
+    return digest.hexdigest(), read, at_cut, cut_ends_line
 
 
 def fingerprinted(file: LandingFile) -> LandingFile:
@@ -149,7 +157,7 @@ def fingerprinted(file: LandingFile) -> LandingFile:
     Raises:
         OSError: the file cannot be opened.
     """
-    digest, read, _ = fingerprint(file.path, file.size)
+    digest, read, _, _ = fingerprint(file.path, file.size)
     return replace(file, size=read, sha256=digest)
 
 
@@ -161,7 +169,7 @@ def check_taken(file: LandingFile, batch_id: int | None) -> None:
             ``file.size`` bytes no longer hash to ``file.sha256``.
     """
     try:
-        digest, read, _ = fingerprint(file.path, file.size)
+        digest, read, _, _ = fingerprint(file.path, file.size)
     except OSError as exc:
         raise _unopenable(file, batch_id, exc) from None
     _check(file, batch_id, read, digest)
@@ -241,17 +249,16 @@ def _plan_one(listed: LandingFile, before: LandingFile | None) -> LandingFile | 
         before.inode,
     ):
         return None  # unchanged
-    listed = fingerprinted(listed)
-    read = listed.size
+    cut = None if before is None else before.size
+    digest, read, prefix, prefix_ends_line = fingerprint(listed.path, listed.size, cut)
+    listed = replace(listed, size=read, sha256=digest)
     if before is None:
         return listed
-    if before.sha256 is not None and read >= before.size:
-        prefix, _, prefix_ends_line = fingerprint(listed.path, before.size)
-        if prefix == before.sha256:
-            if read == before.size:
-                return None  # same bytes, only the metadata changed
-            if not listed.is_gzip and (before.size == 0 or prefix_ends_line):
-                return replace(listed, start=before.size, change="appended")
+    if prefix is not None and prefix == before.sha256:  # legacy offsets: no sha256, no match
+        if read == before.size:
+            return None  # same bytes, only the metadata changed
+        if not listed.is_gzip and (before.size == 0 or prefix_ends_line):
+            return replace(listed, start=before.size, change="appended")
     return replace(listed, change="replaced")
 
 
