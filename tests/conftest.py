@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import subprocess
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,13 +14,29 @@ from typing import Any
 import polars as pl
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, Phase, settings
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.model.events import CdcEvent
 from cdcflow.pipeline import Pipeline, Trigger
-from cdcflow.plan.dedup import classify
-from cdcflow.plan.reference import SILVER_COLUMNS, ReferenceState, fold
-from cdcflow.plan.rules import RuleSet, validate_record
+from cdcflow.plan.reference import SILVER_COLUMNS
+from tests.oracle import Expected, Oracle
+
+#: Hypothesis profiles: ``ci`` (default; derandomized, so every CI run checks the same
+#: examples) and ``deep`` (many random examples: ``pytest --hypothesis-profile=deep``, or
+#: ``HYPOTHESIS_PROFILE=deep``); ``noshrink`` (below). Tests that set ``max_examples``
+#: themselves keep their count.
+_QUIET = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+settings.register_profile(
+    "ci", max_examples=30, derandomize=True, deadline=None, suppress_health_check=_QUIET
+)
+settings.register_profile("deep", max_examples=400, deadline=None, suppress_health_check=_QUIET)
+#: ``ci``'s examples without shrinking: a quick yes/no when checking that a planted bug is caught
+settings.register_profile(
+    "noshrink",
+    parent=settings.get_profile("ci"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 REPO = Path(__file__).resolve().parents[1]
@@ -77,10 +92,22 @@ def pg_server() -> Iterator[str]:
         subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
 
 
+def require_spark() -> None:
+    """Fail (never skip) when the Spark extra is missing: a skipped Spark test would let a
+    Spark regression pass unseen. ``make test`` installs it."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        pytest.fail(
+            "the spark extra is not installed: run `make test` (or `uv sync --extra spark`)",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The one SparkSession every Spark test shares (started on first use)."""
-    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    require_spark()
     from cdcflow.config import SparkSection
     from cdcflow.engines.spark.session import get_session
 
@@ -105,10 +132,13 @@ class Lake:
             processing={"delete_mode": mode},
         )
         self.arrival: list[str | bytes] = []
+        #: (landing file name, 1-based line number) of every line of ``arrival``
+        self.positions: list[tuple[str, int]] = []
 
     def write(self, records: Iterable[dict[str, Any] | str | bytes], gz: bool = False) -> Path:
         """Write one landing file (mtime after every earlier file)."""
         self.files_written += 1
+        path = self.landing / (f"f{self.files_written:05d}.jsonl" + (".gz" if gz else ""))
         lines = []
         for record in records:
             if isinstance(record, dict):
@@ -116,13 +146,12 @@ class Lake:
             else:
                 line = record
             self.arrival.append(line)
+            self.positions.append((path.name, len(lines) + 1))
             lines.append(line.encode() if isinstance(line, str) else line)
-        path = self.landing / f"f{self.files_written:05d}.jsonl"
         data = b"\n".join(lines) + b"\n"
         if gz:
             import gzip
 
-            path = path.with_suffix(".jsonl.gz")
             path.write_bytes(gzip.compress(data))
         else:
             path.write_bytes(data)
@@ -151,16 +180,14 @@ class Lake:
         rows = self.table("silver/customers").select(SILVER_COLUMNS).to_dicts()
         return {row["customer_id"]: row for row in rows}
 
-    def expected(self) -> ReferenceState:
-        """Reference fold of everything written so far (same validation, first copies)."""
-        rules = RuleSet(re.compile(r"^C-[0-9]+$"), datetime.now(UTC), timedelta(minutes=5))
-        candidates: list[tuple[int, CdcEvent]] = []
-        for i, line in enumerate(self.arrival):
-            result = validate_record(line if isinstance(line, bytes) else line.encode(), rules)
-            if isinstance(result, CdcEvent):
-                candidates.append((i, result))
-        deliveries, _ = classify(candidates, {})
-        return fold([d.event for d in deliveries if not d.is_duplicate], self.mode)  # type: ignore[arg-type]
+    def expected(self) -> Expected:
+        """Silver and tombstones by the independent oracle (``tests/oracle.py``) from every
+        line written so far, in arrival order."""
+        return Oracle().silver(self.arrival, self.mode)
+
+    def verdicts(self) -> list[tuple[int, str, Any]]:
+        """The oracle's verdict on every non-blank line written so far (see ``Oracle.judge``)."""
+        return Oracle().judge(self.arrival)
 
     def outcomes(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}

@@ -31,7 +31,7 @@ from cdcflow.errors import ConfigError
 from cdcflow.layers.tables import DELETE_MODE_PROPERTY
 from cdcflow.pipeline import Pipeline
 from cdcflow.state.faults import CRASH_EXIT_CODE, REPLAY_CRASH_POINTS
-from tests.conftest import Lake, ev, full
+from tests.conftest import Lake, ev, full, require_spark
 
 SILVER = "silver/customers"
 TOMBSTONES = "silver/customer_tombstones"
@@ -285,7 +285,7 @@ def test_silver_without_the_property(
 
 @pytest.mark.spark
 def test_spark_engine_refuses_another_delete_mode(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    require_spark()
     from cdcflow.engines.spark.engine import SparkEngine
 
     lake = Lake(tmp_path, mode="soft")
