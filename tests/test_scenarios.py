@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import NOW, Lake, ev, full
 
@@ -218,3 +221,33 @@ def test_available_now_respects_max_files(tmp_path) -> None:
     reports = lake.run("available-now")
     assert [r.files for r in reports] == [2, 2, 1]
     assert lake.silver()["C-1"]["city"] == "city-4"
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_delete_and_revival_of_an_existing_row_in_one_micro_batch(
+    tmp_path: Path, mode: str
+) -> None:
+    """A row from an earlier micro-batch is deleted and revived within one later micro-batch,
+    delivered in reverse order: soft mode keeps the first life's attributes (absent =
+    unchanged), hard mode starts the revived row empty with a new created_at."""
+    lake = Lake(tmp_path / mode, mode=mode)
+    lake.write([ev("E1", "C-1", "INSERT", 100, minutes_ago=50, **full(city="Rennes"))])
+    lake.run()
+    lake.write(
+        [
+            ev("E3", "C-1", "UPDATE", 300, minutes_ago=30, email="back@x.com", status="ACTIVE"),
+            ev("E2", "C-1", "DELETE", 200, minutes_ago=40),
+        ]
+    )
+    lake.run()
+    row = lake.silver()["C-1"]
+    assert lake.silver() == lake.expected().rows
+    assert (row["is_deleted"], row["is_active"], row["email"]) == (False, True, "back@x.com")
+    assert row["last_event_id"] == "E3" and row["deleted_at"] is None
+    if mode == "soft":
+        assert row["city"] == "Rennes" and row["created_at"] < row["last_updated_at"]
+    else:
+        assert row["city"] is None and row["created_at"] == row["last_updated_at"]
+        tombs = lake.table("silver/customer_tombstones")
+        assert tombs["customer_id"].to_list() == ["C-1"]
+        assert tombs["_cdc_seq"].to_list() == [lake.expected().tombstones["C-1"]]
