@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cdcflow.errors import ConfigError
+from cdcflow.model.contracts import CUSTOMERS, TableContract
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -266,6 +267,38 @@ class CdcflowConfig(BaseSettings):
     gold: GoldSection = Field(default_factory=GoldSection)
     maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
     spark: SparkSection = Field(default_factory=SparkSection)
+    #: Table contracts (:mod:`cdcflow.model.contracts`); none declared = the shipped customers
+    #: contract with this config's ``processing`` settings (see :meth:`contracts`).
+    tables: list[TableContract] = Field(default_factory=list)
+
+    @field_validator("tables")
+    @classmethod
+    def _unique_tables(cls, tables: list[TableContract]) -> list[TableContract]:
+        names = [t.name for t in tables]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tables declared twice: {', '.join(twice)}")
+        return tables
+
+    def contracts(self) -> list[TableContract]:
+        """The pipeline's table contracts, in declared order.
+
+        Without a ``tables:`` section: the shipped customers contract
+        (:data:`cdcflow.model.contracts.CUSTOMERS`) with ``processing.delete_mode``,
+        ``processing.customer_id_pattern`` and ``processing.tombstone_retention``.
+        """
+        if self.tables:
+            return list(self.tables)
+        processing = self.processing
+        return [
+            CUSTOMERS.model_copy(
+                update={
+                    "delete_mode": processing.delete_mode,
+                    "key_patterns": {"customer_id": processing.customer_id_pattern},
+                    "tombstone_retention_days": processing.tombstone_retention.days,
+                }
+            )
+        ]
 
     @classmethod
     def settings_customise_sources(
@@ -362,8 +395,8 @@ def load_config(path: str | Path) -> CdcflowConfig:
         problems = []
         for err in exc.errors():
             loc = tuple(str(p).lower() for p in err["loc"])
-            key = ".".join(loc)
-            msg = err["msg"]
+            key = _key_text(err["loc"], raw)
+            msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown key" + _suggestion(loc)
             origin = next(
@@ -374,14 +407,35 @@ def load_config(path: str | Path) -> CdcflowConfig:
         raise ConfigError(f"{file}: " + "; ".join(problems)) from None
 
 
+def _key_text(loc: tuple[Any, ...], raw: Any) -> str:
+    """A config key path as the user wrote it: list items by their ``name`` when they have one
+    (``tables[accounts].columns[flagged].type``), else by index (``tables[0]``)."""
+    text, node = "", raw
+    for part in loc:
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and part < len(node) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            text += f"[{name}]" if isinstance(name, str) else f"[{part}]"
+            node = item
+        else:
+            text += ("." if text else "") + str(part).lower()
+            node = node.get(part) if isinstance(node, dict) else None
+    return text
+
+
 def _known_keys(loc: tuple[str, ...]) -> list[str]:
     """Keys allowed next to the last part of ``loc`` (its section's fields and aliases)."""
     model: Any = CdcflowConfig
     for part in loc[:-1]:
+        if part.isdigit():  # an item of a list of models: same model
+            continue
         fields = {name: info for name, info in model.model_fields.items()}
         fields.update({info.alias: info for info in model.model_fields.values() if info.alias})
         info = fields.get(part)
         annotation = info.annotation if info is not None else None
+        args = getattr(annotation, "__args__", ())
+        if getattr(annotation, "__origin__", None) in (list, tuple) and args:
+            annotation = args[0]
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation

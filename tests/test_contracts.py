@@ -1,0 +1,183 @@
+"""Table contracts: typed coercion, constraints, the shipped customers contract, config errors."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.errors import ConfigError
+from cdcflow.layers.tables import BRONZE, HISTORY, QUARANTINE, SILVER, TOMBSTONES
+from cdcflow.model.contracts import (
+    CUSTOMERS,
+    ColumnSpec,
+    TableContract,
+    TypeMismatch,
+    check_constraints,
+    coerce,
+)
+from cdcflow.model.events import ATTRIBUTES, PII_ATTRIBUTES, STATUSES
+from cdcflow.plan.rules import JsonNumber
+
+
+@pytest.mark.parametrize(
+    ("value", "type_text", "stored"),
+    [
+        ("Lyon", "string", "Lyon"),
+        (34555024900, "string", "34555024900"),  # the flat format's rule: JSON text
+        (True, "string", "true"),
+        (JsonNumber("1.50"), "string", "1.50"),
+        (7, "integer", 7),
+        (" 007 ", "integer", 7),  # SEMANTICS.md point 10
+        ("-12", "integer", -12),
+        (2**63 - 1, "integer", 2**63 - 1),
+        (JsonNumber("12.5"), "decimal(5,2)", Decimal("12.50")),
+        ("999.99", "decimal(5,2)", Decimal("999.99")),
+        (3, "decimal(5,2)", Decimal("3.00")),
+        (JsonNumber("1.50"), "decimal(5,1)", Decimal("1.5")),  # a trailing zero is no digit
+        (JsonNumber("2.5e1"), "double", 25.0),
+        ("1e-3", "double", 0.001),
+        (False, "boolean", False),
+        (" TRUE ", "boolean", True),
+        ("2025-05-12", "date", date(2025, 5, 12)),
+        (20220, "date", date(2025, 5, 12)),  # days since 1970-01-01 (Debezium Date)
+        ("2025-05-12T10:00:00+05:30", "timestamp", datetime(2025, 5, 12, 4, 30, tzinfo=UTC)),
+        (1747044000000, "timestamp", datetime(2025, 5, 12, 10, 0, tzinfo=UTC)),
+        ({"b": [1, 2], "a": None}, "json", '{"a":null,"b":[1,2]}'),
+        (None, "integer", None),
+    ],
+)
+def test_values_are_coerced_to_their_declared_type(value: Any, type_text: str, stored: Any) -> None:
+    got = coerce(value, type_text)
+    assert got == stored and type(got) is type(stored)
+
+
+@pytest.mark.parametrize(
+    ("value", "type_text"),
+    [
+        ({"a": 1}, "string"),
+        ([1], "string"),
+        (True, "integer"),
+        (1.5, "integer"),
+        ("7a", "integer"),
+        (2**63, "integer"),
+        ("", "integer"),
+        (JsonNumber("12.345"), "decimal(5,2)"),  # never rounded
+        ("1000.00", "decimal(5,2)"),  # too many integer digits
+        ("NaN", "decimal(5,2)"),
+        ("Infinity", "double"),
+        (JsonNumber("1e999"), "double"),
+        ("yes", "boolean"),
+        (1, "boolean"),
+        ("2025-02-30", "date"),
+        ("12/05/2025", "date"),
+        (True, "date"),
+        ("tomorrow", "timestamp"),
+    ],
+)
+def test_values_that_do_not_fit_their_type_are_mismatches(value: Any, type_text: str) -> None:
+    with pytest.raises(TypeMismatch) as caught:
+        coerce(value, type_text)
+    assert type_text in str(caught.value)
+    assert str(value) not in str(caught.value) or str(value) in type_text  # never the value
+
+
+def test_constraints_name_the_column_never_the_value() -> None:
+    score = ColumnSpec(name="score", type="integer", minimum=0, maximum=100, nullable=False)
+    assert check_constraints(score, 50) is None
+    assert check_constraints(score, 101) == "score is outside its maximum 100"
+    assert check_constraints(score, None) == "score must not be null"
+    code = ColumnSpec(name="code", pattern=r"[A-Z]{3}", pii=True)
+    assert check_constraints(code, "ABC") is None
+    detail = check_constraints(code, "secret-value")
+    assert detail is not None and "secret-value" not in detail and "code" in detail
+
+
+def test_customers_contract_is_todays_table() -> None:
+    """The shipped contract describes exactly what the customers pipeline has always been."""
+    assert CUSTOMERS.keys == ("customer_id",)
+    assert tuple(c.name for c in CUSTOMERS.attributes) == ATTRIBUTES
+    assert tuple(c.name for c in CUSTOMERS.columns if c.pii) == PII_ATTRIBUTES
+    status = CUSTOMERS.column("status")
+    assert status.allowed_values == STATUSES and status.reason == "INVALID_STATUS"
+    names = CUSTOMERS.table_names
+    specs = (BRONZE, QUARANTINE, SILVER, HISTORY, TOMBSTONES)
+    assert (names.bronze, names.quarantine, names.silver, names.history, names.tombstones) == (
+        tuple(spec.name for spec in specs)
+    )
+    assert names.snowflake == "DIM_CUSTOMER_CURRENT"
+    assert all(c.type == "string" for c in CUSTOMERS.columns)
+
+
+def test_config_without_tables_runs_the_customers_contract_with_its_processing() -> None:
+    config = CdcflowConfig(processing={"delete_mode": "hard", "customer_id_pattern": "^K[0-9]$"})
+    (contract,) = config.contracts()
+    assert contract.name == "customers" and contract.delete_mode == "hard"
+    assert contract.key_patterns == {"customer_id": "^K[0-9]$"}
+
+
+def _write(tmp_path: Path, tables: str) -> Path:
+    path = tmp_path / "cdcflow.yaml"
+    path.write_text("storage: {root: ./lake}\ntables:\n" + tables)
+    return path
+
+
+ACCOUNTS = """\
+  - name: accounts
+    keys: [account_id]
+    columns:
+      - {name: account_id, type: integer}
+      - {name: balance, type: "decimal(12,2)"}
+      - {name: opened_on, type: date}
+      - {name: flagged, type: boolean}
+  - name: order_lines
+    keys: [order_id, line_no]
+    delete_mode: hard
+    columns:
+      - {name: order_id, type: string}
+      - {name: line_no, type: integer}
+      - {name: sku, type: string, pattern: "[A-Z]{3}-[0-9]+"}
+      - {name: placed_at, type: timestamp}
+      - {name: attributes, type: json}
+"""
+
+
+def test_tables_are_declared_in_the_config(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, ACCOUNTS))
+    accounts, lines = config.contracts()
+    assert accounts.keys == ("account_id",) and accounts.column("balance").type == "decimal(12,2)"
+    assert lines.keys == ("order_id", "line_no") and lines.delete_mode == "hard"
+    assert lines.table_names.silver == "silver/order_lines"
+    assert [c.name for c in lines.attributes] == ["sku", "placed_at", "attributes"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("type: boolean}", "type: boolen}"), "tables[accounts].columns[flagged].type"),
+        (("{name: flagged, type: boolean}", "{name: flagged, nulable: true}"), "did you mean"),
+        (("keys: [account_id]", "keys: [acount_id]"), "key column(s) not declared"),
+        (("keys: [account_id]", "keys: []"), "tables[accounts].keys"),
+        (("decimal(12,2)", "decimal(12,20)"), "scale at most the precision"),
+        (('"[A-Z]{3}-[0-9]+"', '"(a)\\\\1"'), "not an RE2 pattern"),
+        (("name: order_lines", "name: accounts"), "tables declared twice: accounts"),
+    ],
+)
+def test_contract_errors_name_the_file_the_table_and_the_key(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    assert edit[0] in ACCOUNTS
+    path = _write(tmp_path, ACCOUNTS.replace(*edit))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value) and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_key_column_must_be_keyable() -> None:
+    with pytest.raises(ValueError, match="cannot be a key"):
+        TableContract(name="t", keys=("v",), columns=(ColumnSpec(name="v", type="json"),))
