@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+import json
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
@@ -21,7 +23,9 @@ from cdcflow.model.contracts import (
     coerce,
 )
 from cdcflow.model.events import ATTRIBUTES, PII_ATTRIBUTES, STATUSES
-from cdcflow.plan.rules import JsonNumber
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.rules import JsonNumber, Rejection, RuleSet, validate_record
+from tests.test_property import streams
 
 
 @pytest.mark.parametrize(
@@ -181,3 +185,105 @@ def test_contract_errors_name_the_file_the_table_and_the_key(
 def test_a_key_column_must_be_keyable() -> None:
     with pytest.raises(ValueError, match="cannot be a key"):
         TableContract(name="t", keys=("v",), columns=(ColumnSpec(name="v", type="json"),))
+
+
+def _flat_lines(records: list[Any]) -> list[bytes]:
+    return [
+        (json.dumps(r) if isinstance(r, dict) else r).encode() if not isinstance(r, bytes) else r
+        for r in records
+    ]
+
+
+@settings(max_examples=200)
+@given(stream=streams())
+def test_customers_contract_validates_like_the_flat_rules(stream: Any) -> None:
+    """The contract-driven validator with the shipped customers contract judges every record
+    of the property streams as the flat customers rules do: same reason, or the same event."""
+    now = datetime.now(UTC)
+    rules = RuleSet("^C-[0-9]+$", now, timedelta(minutes=5))
+    validator = ContractValidator(CUSTOMERS, now, timedelta(minutes=5))
+    for line in _flat_lines(stream[0]):
+        if not line.strip():
+            continue
+        flat, typed = validate_record(line, rules), validator.validate(line)
+        if isinstance(flat, Rejection):
+            assert isinstance(typed, Rejection) and typed.reason == flat.reason, line
+            continue
+        assert isinstance(typed, ChangeEvent), (line, typed)
+        assert typed.key == (flat.customer_id,)
+        assert (typed.event_id, typed.operation, typed.event_timestamp) == (
+            flat.event_id,
+            flat.operation,
+            flat.event_timestamp,
+        )
+        assert (typed.lsn, typed.lsn_number, typed.sequence) == (
+            flat.lsn,
+            flat.lsn_number,
+            flat.sequence,
+        )
+        assert typed.values == flat.values and typed.content_hash == flat.content_hash
+
+
+ACCOUNT = TableContract(
+    name="accounts",
+    keys=("region", "account_id"),
+    columns=(
+        ColumnSpec(name="region", type="string"),
+        ColumnSpec(name="account_id", type="integer"),
+        ColumnSpec(name="balance", type="decimal(12,2)", minimum=0),
+        ColumnSpec(name="opened_on", type="date", nullable=False),
+        ColumnSpec(name="tier", allowed_values=("GOLD", "SILVER")),
+    ),
+    key_patterns={"region": "[A-Z]{2}"},
+    unknown_fields="quarantine",
+)
+
+
+def _account(**fields: Any) -> bytes:
+    record = {
+        "event_id": "A1",
+        "operation": "UPDATE",
+        "event_timestamp": "2025-05-12T10:00:00Z",
+        "region": "EU",
+        "account_id": "0042",
+        "balance": 10.5,
+        "metadata": {"lsn": "0/10"},
+        **fields,
+    }
+    return json.dumps({k: v for k, v in record.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason", "named"),
+    [
+        ({"region": None}, "NULL_REGION", "region"),
+        ({"region": "eu"}, "INVALID_REGION_FORMAT", "region"),
+        ({"account_id": ...}, "NULL_ACCOUNT_ID", "account_id"),
+        ({"account_id": "4x"}, "INVALID_ACCOUNT_ID_FORMAT", "integer"),
+        ({"balance": 1.234}, "SCHEMA_MISMATCH", "decimal(12,2)"),
+        ({"balance": -1}, "SCHEMA_MISMATCH", "minimum"),
+        ({"opened_on": None}, "SCHEMA_MISMATCH", "opened_on must not be null"),
+        ({"tier": "BRONZE"}, "SCHEMA_MISMATCH", "tier is not one of GOLD, SILVER"),
+        ({"nickname": "Bob"}, "SCHEMA_MISMATCH", "nickname"),
+        ({"metadata": {"lsn": "x"}}, "INVALID_LSN", "metadata.lsn"),
+    ],
+)
+def test_typed_contract_rejections(fields: dict[str, Any], reason: str, named: str) -> None:
+    validator = ContractValidator(ACCOUNT, datetime.now(UTC), timedelta(minutes=5))
+    result = validator.validate(_account(**fields))
+    assert isinstance(result, Rejection) and result.reason == reason, result
+    assert named in result.detail and "Bob" not in result.detail
+
+
+def test_typed_contract_event() -> None:
+    validator = ContractValidator(ACCOUNT, datetime.now(UTC), timedelta(minutes=5))
+    event = validator.validate(_account(opened_on="2020-01-31", tier="GOLD"))
+    assert isinstance(event, ChangeEvent)
+    assert event.key == ("EU", 42)  # "0042" as an integer key is 42 (SEMANTICS.md point 10)
+    assert event.values == {
+        "balance": Decimal("10.50"),
+        "opened_on": date(2020, 1, 31),
+        "tier": "GOLD",
+    }
+    deleted = validator.validate(_account(operation="DELETE", balance="junk", nickname=...))
+    assert isinstance(deleted, ChangeEvent) and deleted.values == {}

@@ -357,6 +357,7 @@ CUSTOMERS = TableContract(
         ColumnSpec(name="country"),
         ColumnSpec(
             name="status",
+            nullable=False,
             allowed_values=("ACTIVE", "INACTIVE", "SUSPENDED", "DELETED"),
             normalize="upper",
             reason="INVALID_STATUS",
