@@ -8,11 +8,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
+from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.tables import BRONZE, HISTORY, QUARANTINE, SILVER, TOMBSTONES
 from cdcflow.model.contracts import (
     CUSTOMERS,
@@ -287,3 +289,27 @@ def test_typed_contract_event() -> None:
     }
     deleted = validator.validate(_account(operation="DELETE", balance="junk", nickname=...))
     assert isinstance(deleted, ChangeEvent) and deleted.values == {}
+
+
+def test_customers_contract_tables_are_todays_tables() -> None:
+    """The table specs generated from the customers contract are exactly today's tables."""
+    generated = contract_tables(CUSTOMERS)
+    for spec, today in (
+        (generated.bronze, BRONZE),
+        (generated.quarantine, QUARANTINE),
+        (generated.silver, SILVER),
+        (generated.tombstones, TOMBSTONES),
+        (generated.history, HISTORY),
+    ):
+        assert spec == today
+
+
+def test_typed_contract_tables() -> None:
+    tables = contract_tables(ACCOUNT)
+    silver = tables.silver.schema
+    assert silver.field("account_id").type == pa.int64() and not silver.field("region").nullable
+    assert silver.field("balance").type == pa.decimal128(12, 2)
+    assert silver.field("opened_on").type == pa.date32()
+    assert "is_active" not in silver.names  # no derived_active declared
+    assert tables.quarantine.schema.field("account_id").type == pa.string()
+    assert tables.silver.name == "silver/accounts" and tables.bronze.partition_by
