@@ -8,7 +8,7 @@ export PATH := $(HOME)/.local/bin:$(PATH)
 # on one worker. PYTEST_ARGS= runs in one process.
 PYTEST_ARGS ?= -n 2 --dist loadgroup
 
-.PHONY: bootstrap spark-jars demo run test lint typecheck unit clean
+.PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -39,6 +39,14 @@ unit: bootstrap spark-jars
 	bash scripts/with-services.sh uv run pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck unit
+
+# mutation testing (mutmut, [tool.mutmut] in pyproject.toml, docs/mutation.md) of plan/, model/
+# and the local fold against the fast unit tests; slow (tens of minutes), so neither part of
+# `make test` nor of CI. A fresh run each time; then `uv run mutmut show NAME` for one survivor.
+mutation: bootstrap
+	rm -rf mutants
+	uv run mutmut run --max-children 2
+	uv run mutmut results
 
 clean:
 	rm -rf lakehouse landing demo .pytest_cache .mypy_cache .ruff_cache
