@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from cdcflow.state.faults import CRASH_EXIT_CODE
 from tests.test_cli import CONFIG, cdcflow, one_error_line
 
 
@@ -135,7 +136,7 @@ def test_recovering_batch_is_said_on_stdout(landed: Path, tmp_path: Path) -> Non
     crash = cdcflow(
         "run", "--config", "cdcflow.yaml", cwd=work, env={"CDCFLOW_CRASH_AT": "after_bronze@0"}
     )
-    assert crash.returncode == 86
+    assert crash.returncode == CRASH_EXIT_CODE
     code, out, err = cdcflow_on_terminal("run", "--config", "cdcflow.yaml", cwd=work)
     assert code == 0 and err == "", err
     first = out.splitlines()[0]

@@ -146,6 +146,7 @@ class Pipeline:
                 "silver_version": report.silver_version,
             },
         )
+        crash_point("after_commit", offsets.batch_id)
         if self.source is not None:
             self.source.acknowledge(offsets)  # only now may the source forget these changes
         return report

@@ -6,7 +6,11 @@ version = batch id, so a re-run after a crash writes nothing twice):
 1. Bronze append (accepted deliveries, duplicates included)
 2. quarantine append (rejected records)
 3. Silver MERGE (folded batch) and, in hard mode, the tombstone MERGE and purge
-4. ``audit/event_outcomes`` and ``audit/batch_log`` appends
+4. ``silver/customer_history`` MERGE, then the Gold refresh (one commit per Gold table, app
+   transaction ``cdcflow-<pipeline>-gold``)
+5. ``audit/event_outcomes`` and ``audit/batch_log`` appends
+
+A crash point (:mod:`cdcflow.state.faults`) follows each of these commits.
 
 Every value a re-run depends on is deterministic: the batch's processing time comes from the
 offset log, duplicate detection reads Bronze strictly before this batch, and outcomes compare
@@ -393,6 +397,7 @@ class LocalEngine:
             targets = self._read_targets(keys)
             prior_tombs = self._read_tombstones(keys)
             self._merge_silver(events, targets, batch_id, prior_tombs)
+            crash_point("after_silver_merge", batch_id)
             if self.mode == "hard":
                 self._merge_tombstones(events, offsets)
             report.silver_version = self.store.table(SILVER).version()
@@ -411,6 +416,7 @@ class LocalEngine:
                 self.app_id,
                 batch_id,
             )
+        crash_point("after_history", batch_id)
         with report.stage("gold"):
             after_batch(self.config, self.app_id, batch_id)
 
@@ -426,6 +432,7 @@ class LocalEngine:
             append_once(
                 self.store.table(EVENT_OUTCOMES), outcomes, self.app_id, batch_id, EVENT_OUTCOMES
             )
+            crash_point("after_outcomes", batch_id)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
             log_row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
             append_once(self.store.table(BATCH_LOG), log_row, self.app_id, batch_id, BATCH_LOG)

@@ -27,6 +27,7 @@ from cdcflow.layers.gold import (
 from cdcflow.layers.tables import HISTORY, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.events import STATUSES
+from cdcflow.state.faults import crash_point, gold_point
 
 log = get_logger("engine.local.gold")
 
@@ -275,6 +276,8 @@ def refresh_gold(
             commit_properties=props,
         )
         written[spec.name] = frames[spec.name].height
+        if batch_id is not None:
+            crash_point(gold_point(spec.name), batch_id)
     log.info("gold refreshed", extra={"tables": written, "batch_id": batch_id})
     return written
 

@@ -2,12 +2,13 @@
 
 Each micro-batch writes, in the local engine's order and with the same schemas
 (:mod:`cdcflow.layers.tables`): Bronze, quarantine, Silver (``DeltaTable.merge`` with the clauses
-of :mod:`cdcflow.plan.merge_spec`), hard-mode tombstones (+ purge), ``audit/event_outcomes`` and
-``audit/batch_log``. Every write carries the Delta app transaction ``cdcflow-<pipeline>`` with
-version = batch id (writer options ``txnAppId``/``txnVersion``; the session confs
-``spark.databricks.delta.write.txnAppId``/``txnVersion`` for MERGE/DELETE) and is skipped when
-the table already holds that version, so a batch re-run from the Spark checkpoint writes nothing
-twice.
+of :mod:`cdcflow.plan.merge_spec`), hard-mode tombstones (+ purge), the SCD2 history MERGE, the
+Gold refresh, ``audit/event_outcomes`` and ``audit/batch_log``; a crash point
+(:mod:`cdcflow.state.faults`) follows each commit. Every write carries the Delta app transaction
+``cdcflow-<pipeline>`` with version = batch id (writer options ``txnAppId``/``txnVersion``;
+the session confs ``spark.databricks.delta.write.txnAppId``/``txnVersion`` for MERGE/DELETE) and
+is skipped when the table already holds that version, so a batch re-run from the Spark
+checkpoint writes nothing twice.
 
 Batch ids continue the pipeline's checkpoint (``checkpoint.location``): each Spark micro-batch
 gets the next id after the last batch of either engine (the mapping is persisted in
@@ -328,6 +329,7 @@ class SparkEngine:
         offsets = BatchOffsets(batch_id, processing_time, tuple(files))
         if not self.checkpoint.is_committed(batch_id):
             self.checkpoint.write_offsets(offsets)
+        crash_point("after_offsets", batch_id)
         if not files:
             self.checkpoint.write_commit(batch_id, {"committed_at": _now(), "files": 0})
             return
@@ -471,6 +473,7 @@ class SparkEngine:
             )
             if report.accepted - report.duplicates and not self._txn(SILVER, batch_id):
                 self._merge_silver(events, targets, prior_tombs, batch_id)
+            crash_point("after_silver_merge", batch_id)
             if self.mode == "hard" and report.deletes:
                 self._merge_tombstones(events, processing_time, batch_id)
             if self.mode == "hard":
@@ -480,6 +483,7 @@ class SparkEngine:
 
         with stage("history"):  # SCD2 timeline of the touched keys
             self._merge_history(keys, batch_id)
+        crash_point("after_history", batch_id)
         with stage("gold"):  # the Gold policy of the local engine (driver-side, small tables)
             from cdcflow.engines.local.gold import after_batch
 
@@ -534,6 +538,7 @@ class SparkEngine:
             report.max_event_lag_s = summary["max_lag"]
             if report.accepted:
                 self._append(outcomes, EVENT_OUTCOMES, batch_id)
+            crash_point("after_outcomes", batch_id)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
             if not self._txn(BATCH_LOG, batch_id):
                 import pyarrow as pa
@@ -548,6 +553,7 @@ class SparkEngine:
         self.checkpoint.write_commit(
             batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
         )
+        crash_point("after_commit", batch_id)  # before Spark's own commit log
         log.info("micro-batch committed", extra={"batch": report.log_fields()})
         self._on_batch(report)
 
