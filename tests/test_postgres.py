@@ -33,6 +33,7 @@ from cdcflow.sources.postgres_decode import decode_rows
 from cdcflow.sources.postgres_reconcile import SourceAheadError, reconcile_postgres
 from cdcflow.sources.postgres_workload import create_table, run_workload
 from cdcflow.state.faults import CRASH_EXIT_CODE
+from tests.crashkit import assert_same_tables, snapshot
 
 pytestmark = pytest.mark.postgres
 
@@ -245,26 +246,49 @@ def test_crash_between_staging_and_commit_recovers(pg: PgLake, point: str) -> No
     assert pg.confirmed() > before
 
 
-def test_crash_after_commit_before_slot_advance(pg: PgLake, monkeypatch: Any) -> None:
-    """A lost acknowledgement is made up by the next run; the range is not staged again."""
-    with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        run_workload(conn, customers=20, transactions=40, seed=9)
-    start = pg.confirmed()
+@pytest.mark.slow
+def test_crash_after_commit_before_slot_advance(pg: PgLake) -> None:
+    """A lost acknowledgement is made up by the next run; the range is not staged again.
 
-    def crash(self: PostgresSource, offsets: Any) -> None:
-        raise RuntimeError("killed after the commit marker")
-
-    monkeypatch.setattr(PostgresSource, "acknowledge", crash)
-    with pytest.raises(RuntimeError):
-        pg.run()
-    assert pg.confirmed() == start  # committed, but the slot was not advanced
-    monkeypatch.undo()
-    reports = pg.run()
-    assert reports == []  # nothing re-staged: the committed range is acknowledged instead
-    assert pg.confirmed() > start
-    _assert_reconciles(pg)
-    bronze = pg.table("bronze/customer_events")
-    assert bronze["event_id"].n_unique() == bronze.height
+    A child ``cdcflow run`` is killed (``SIGKILL``) at ``after_commit`` of its middle
+    micro-batch: the batch's commit marker is written, the slot is not advanced past it. The
+    restart acknowledges the committed range, stages the next ones, and ends with the tables of an
+    uninterrupted run over the same changes (a second slot on the same database, created before
+    the workload, read by a second pipeline).
+    """
+    reference = PgLake(pg.root / "reference", pg.dbname)
+    reference.slot = f"r_{pg.dbname}"
+    reference.config = reference.make_config(max_changes=100)
+    assert reference.run("once") == []  # creates its slot, before the workload
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            run_workload(conn, customers=20, transactions=60, seed=9)
+        assert len(reference.run()) == 3
+        pg.config = pg.make_config(max_changes=100)
+        config_file = pg.root / "cdcflow.yaml"  # JSON is YAML
+        config_file.write_text(json.dumps(pg.config.model_dump(mode="json", by_alias=True)))
+        crashed = subprocess.run(
+            [sys.executable, "-m", "cdcflow", "run", "--config", str(config_file)],
+            env={**os.environ, "CDCFLOW_CRASH_AT": "after_commit@1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
+        state = json.loads((Path(pg.config.checkpoint.location) / STATE_FILE).read_text())
+        assert [f["acknowledged"] for f in state["staged"]] == [True, False]
+        # committed, but the slot was not advanced past the batch
+        assert pg.confirmed() == parse_lsn(state["staged"][0]["end_lsn"])
+        reports = pg.run()
+        assert [r.batch_id for r in reports] == [2]  # batch 1 is acknowledged, not re-run
+        assert pg.confirmed() == reference.confirmed()
+        _assert_reconciles(pg)
+        assert_same_tables(pg, snapshot(reference))  # same ranges, files, tables
+        assert len(list(Path(pg.config.source.path).iterdir())) == 3  # nothing staged twice
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (reference.slot,))
 
 
 def test_lost_state_restages_exact_duplicates(pg: PgLake) -> None:
