@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
 from cdcflow.errors import ConfigError
 from cdcflow.layers.tables import SILVER, register
+from cdcflow.model.contracts import CUSTOMERS
 from cdcflow.model.events import ATTRIBUTE_BIT, ATTRIBUTES, CdcEvent, Operation, sequence_of
 from cdcflow.model.lsn import (
     MAX_LSN,
@@ -141,6 +142,7 @@ def test_lsn_json_integers(number: int) -> None:
         (1.5, "a fraction"),
         (1.0, "a fraction"),
         (None, "NoneType"),
+        (b"1", "bytes"),
     ],
 )
 def test_lsn_of_the_wrong_json_kind_names_the_kind(value: object, kind: str) -> None:
@@ -597,6 +599,16 @@ def test_state_as_of() -> None:
     assert set(state_as_of(hard, at(31))) == {"C-1", "C-2"}  # the mode is an argument
 
 
+def test_state_as_of_skips_a_customer_without_a_version_yet() -> None:
+    events = [
+        event("E-1", "C-2", "INSERT", 50, 40, **FULL),  # first in the timeline, visible at 40
+        event("E-2", "C-1", "INSERT", 100, 10, **FULL),
+    ]
+    history = timeline(events)
+    assert list(history) == ["C-2", "C-1"]
+    assert set(state_as_of(history, at(20))) == {"C-1"}
+
+
 def test_state_as_of_with_clocks_against_lsns() -> None:
     events = [
         event("E-1", "C-1", "INSERT", 100, 30, **FULL),
@@ -982,6 +994,7 @@ def test_rejection_details_name_the_field_and_the_problem(
     [
         (b'{"a": "\xff"}', ["UTF-8", "byte 7"]),
         ("[1, 2]", ["list", "not an object"]),
+        ("42", ["JSON int is not an object"]),
         ('{"a": NaN}', ["NaN"]),
         ('{"a": 1,}', ["not valid JSON", "character"]),
         ('{"a": "\\ud800"}', ["lone surrogate"]),
@@ -989,6 +1002,7 @@ def test_rejection_details_name_the_field_and_the_problem(
         ('{"a": ' + "[" * 501 + "]" * 501 + "}", ["nested deeper than 500"]),
         ('{"big": ' + "9" * 30 + ', "a": ' + "[" * 501 + "]" * 501 + "}", ["deeper than 500"]),
         ('{"big": 1.5, "a": ' + "[" * 501 + "]" * 501 + "}", ["deeper than 500"]),
+        ('{"big": 1' + "0" * 400 + ', "a": ' + "[" * 501 + "]" * 501 + "}", ["deeper than 500"]),
     ],
 )
 def test_malformed_json_details(raw: str | bytes, words: list[str]) -> None:
@@ -1058,15 +1072,18 @@ def test_event_timestamps(value: object, expected: datetime) -> None:
     assert parsed == expected and parsed.utcoffset() == timedelta(0)
 
 
-@pytest.mark.parametrize("value", [1.5, JsonNumber("1e12"), None, [1], "123456789"])
+@pytest.mark.parametrize(
+    "value", [1.5, JsonNumber("1e12"), None, [1], "123456789", "\u00b9" + "\u00b2" * 12]
+)
 def test_not_event_timestamps(value: object) -> None:
     with pytest.raises(InvalidTimestamp, match="event_timestamp"):
         parse_event_timestamp(value)
 
 
 def test_timestamp_range_edges() -> None:
-    with pytest.raises(TimestampBeyondRange):
-        parse_event_timestamp("9999-12-31T23:00:00-05:00")
+    for beyond in ("9999-12-31T23:00:00-05:00", 10**15, str(10**15)):
+        with pytest.raises(TimestampBeyondRange, match="event_timestamp is after year 9999"):
+            parse_event_timestamp(beyond)
     with pytest.raises(InvalidTimestamp) as info:
         parse_event_timestamp("0001-01-01T00:00:00+01:00")
     assert not isinstance(info.value, TimestampBeyondRange)
@@ -1173,19 +1190,44 @@ def test_revalidate_replays_the_rules_of_each_batch() -> None:
         (json.dumps(record(event_id="E-3", customer_id="X-1")), NOW, "x"),
         (json.dumps(record(event_id="E-4", event_timestamp="2026-01-01T12:03:00Z")), batch_1, "x"),
     ]
+    rows += [  # each kind once more: counts, not flags
+        (json.dumps(record(event_id="E-5", operation="D")), NOW, "stale too"),
+        (json.dumps(record(event_id="E-6", operation="D")), NOW, "x"),
+        (json.dumps(record(event_id="E-2")), NOW, "x"),
+        ("[]", NOW, "x"),
+        (json.dumps(record(event_id="E-7", customer_id="X-2")), NOW, "x"),
+        (json.dumps(record(event_id="E-8", event_timestamp="2026-01-01T12:04:00Z")), batch_1, "x"),
+    ]
+    e6 = validate_record(json.dumps(record(event_id="E-6", operation="D")), rules_now())
+    assert isinstance(e6, CdcEvent)
+    rows[7] = (rows[7][0], NOW, e6.sequence)
+    e9 = validate_record(json.dumps(record(event_id="E-9", operation="D")), rules_now())
+    assert isinstance(e9, CdcEvent)
+    rows.append((json.dumps(record(event_id="E-9", operation="D")), NOW, e9.sequence))
+    # three stored sequences match, two do not
     out = revalidate(rows, "C-[0-9]+", SKEW)
-    assert out.accepted == 2
-    assert out.columns["event_id"] == ["E-1", "E-2"]
-    assert out.columns["operation"] == ["INSERT", "UPDATE"]
-    assert out.columns["ingested_at"] == [batch_1, NOW]
+    assert out.accepted == 5
+    assert out.columns["event_id"] == ["E-1", "E-2", "E-5", "E-6", "E-9"]
+    assert out.columns["operation"] == ["INSERT", "UPDATE", "DELETE", "DELETE", "DELETE"]
+    assert out.columns["ingested_at"] == [batch_1, NOW, NOW, NOW, NOW]
     assert out.columns["sequence"][0] == first_event.sequence
-    assert out.columns["present_mask"] == [0b111111, 0b111111]
-    assert out.columns["city"] == ["Rennes", "Rennes"] and out.columns["lsn"] == ["0/10", "0/10"]
-    assert out.columns["customer_id"] == ["C-1", "C-1"]
+    assert out.columns["present_mask"] == [0b111111, 0b111111, 0, 0, 0]
+    assert out.columns["city"] == ["Rennes", "Rennes", None, None, None]
+    assert out.columns["lsn"] == ["0/10"] * 5 and out.columns["customer_id"] == ["C-1"] * 5
     assert out.columns["event_timestamp"][0] == datetime(2025, 12, 31, 12, 3, tzinfo=UTC)
-    assert out.sequence_mismatches == 1 and out.duplicate_ids == 1
+    assert out.sequence_mismatches == 2 and out.duplicate_ids == 2
     assert out.rejected == {
-        "MALFORMED_JSON": 1,
-        "INVALID_CUSTOMER_ID_FORMAT": 1,
-        "FUTURE_EVENT_TIMESTAMP": 1,
+        "MALFORMED_JSON": 2,
+        "INVALID_CUSTOMER_ID_FORMAT": 2,
+        "FUTURE_EVENT_TIMESTAMP": 2,
     }
+
+
+# --- model/contracts.py ---------------------------------------------------------------------
+
+
+def test_contract_column_lookup() -> None:
+    assert CUSTOMERS.column("city").name == "city"
+    assert CUSTOMERS.column("status").name == "status"
+    with pytest.raises(KeyError, match="no_such_column"):
+        CUSTOMERS.column("no_such_column")
