@@ -277,6 +277,9 @@ class TableContract(_Strict):
         tables: Delta tables and the Snowflake table.
         derived_active: the customers rule ``is_active = not deleted and status = 'ACTIVE'``
             as (column, value), or None for a table without an ``is_active`` column.
+        soft_delete_values: non-key column → the value a soft DELETE sets (customers:
+            ``status`` → ``DELETED``, ``shared/SEMANTICS.md`` point 1); other columns keep
+            their values.
     """
 
     name: str = Field(pattern=_IDENTIFIER)
@@ -293,6 +296,7 @@ class TableContract(_Strict):
     unknown_fields: Literal["ignore", "quarantine", "evolve"] = "ignore"
     tables: TableNames | None = None
     derived_active: tuple[str, str] | None = None
+    soft_delete_values: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> TableContract:
@@ -307,6 +311,9 @@ class TableContract(_Strict):
             spec = self.column(key)
             if spec.type == "json" or spec.type == "double":
                 raise ValueError(f"key column {key}: type {spec.type} cannot be a key")
+        for name in (*self.soft_delete_values, *(self.derived_active or ())[:1]):
+            if name not in names or name in self.keys:
+                raise ValueError(f"{name} is not a non-key column of the table")
         unknown = [k for k in self.key_patterns if k not in self.keys]
         if unknown:
             raise ValueError(f"key_patterns names non-key column(s): {', '.join(unknown)}")
@@ -374,6 +381,7 @@ CUSTOMERS = TableContract(
         snowflake="DIM_CUSTOMER_CURRENT",
     ),
     derived_active=("status", "ACTIVE"),
+    soft_delete_values={"status": "DELETED"},
 )
 
 

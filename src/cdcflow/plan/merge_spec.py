@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdcflow.layers.tables import register
-from cdcflow.model.events import ATTRIBUTES
+from cdcflow.model.contracts import CUSTOMERS, TableContract
 
 TARGET = "t"
 SOURCE = "s"
@@ -71,10 +71,21 @@ def _attr_value(name: str) -> tuple[str, str]:
     return value, reg_value
 
 
-def silver_merge_spec(silver_columns: list[str]) -> MergeSpec:
-    """Build the MERGE for the given Silver columns (public + ``_cdc_`` registers)."""
+def silver_merge_spec(silver_columns: list[str], contract: TableContract = CUSTOMERS) -> MergeSpec:
+    """Build the MERGE for the given Silver columns (public + ``_cdc_`` registers).
+
+    Args:
+        silver_columns: the Silver table's columns.
+        contract: the table's contract (default: customers): the ON predicate joins on all its
+            key columns; every non-key column has its register; ``is_active`` is derived when
+            the contract declares ``derived_active``.
+
+    Raises:
+        ValueError: a Silver column the spec does not cover.
+    """
+    attributes = [c.name for c in contract.attributes]
     update: dict[str, str] = {}
-    for name in ATTRIBUTES:
+    for name in attributes:
         update[name], update[register(name)] = _attr_value(name)
     s_row_newer = "COALESCE(s._cdc_seq, '') > t._cdc_seq"
     for name in _ROW_LEVEL:
@@ -85,23 +96,25 @@ def silver_merge_spec(silver_columns: list[str]) -> MergeSpec:
     )
     for name in ("created_at", "_cdc_min_seq"):
         update[name] = f"CASE WHEN {s_min_wins} THEN s.{name} ELSE t.{name} END"
-    update["is_active"] = (
-        f"CASE WHEN ({update['is_deleted']}) = false "
-        f"AND COALESCE(({update['status']}), '') = 'ACTIVE' THEN true ELSE false END"
-    )
-    missing = set(silver_columns) - set(update) - {"customer_id"}
+    if contract.derived_active is not None:
+        column, value = contract.derived_active
+        update["is_active"] = (
+            f"CASE WHEN ({update['is_deleted']}) = false "
+            f"AND COALESCE(({update[column]}), '') = '{value}' THEN true ELSE false END"
+        )
+    missing = set(silver_columns) - set(update) - set(contract.keys)
     if missing:  # pragma: no cover - guards schema drift between layers and plan
         raise ValueError(f"MERGE spec does not cover Silver columns {sorted(missing)}")
 
     newer_attr = " OR ".join(
-        f"COALESCE(s.{register(n)}, '') > COALESCE(t.{register(n)}, '')" for n in ATTRIBUTES
+        f"COALESCE(s.{register(n)}, '') > COALESCE(t.{register(n)}, '')" for n in attributes
     )
     update_when = (
         f"{s_row_newer} OR COALESCE(s._cdc_min_seq, '~') < t._cdc_min_seq "
         f"OR t._cdc_min_seq <= s._cdc_tomb OR {newer_attr}"
     )
     return MergeSpec(
-        on="t.customer_id = s.customer_id",
+        on=key_predicate(contract),
         delete_when="t._cdc_seq <= s._cdc_tomb AND s._cdc_seq IS NULL",
         update_when=update_when,
         update_set=update,
@@ -110,5 +123,10 @@ def silver_merge_spec(silver_columns: list[str]) -> MergeSpec:
     )
 
 
-TOMBSTONE_MERGE_ON = "t.customer_id = s.customer_id"
+def key_predicate(contract: TableContract = CUSTOMERS) -> str:
+    """The MERGE's ON predicate: every key column equal (``t.k = s.k AND ...``)."""
+    return " AND ".join(f"t.{key} = s.{key}" for key in contract.keys)
+
+
+TOMBSTONE_MERGE_ON = key_predicate(CUSTOMERS)
 TOMBSTONE_UPDATE_WHEN = "s._cdc_seq > t._cdc_seq"

@@ -23,34 +23,39 @@ from typing import Literal
 import polars as pl
 import pyarrow as pa
 
+from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.tables import SILVER, register
-from cdcflow.model.events import ATTRIBUTE_BIT, ATTRIBUTES
+from cdcflow.model.contracts import CUSTOMERS, TableContract
 
 DeleteMode = Literal["soft", "hard"]
 _DELETE = pl.col("operation") == "DELETE"
 
 
-def source_schema() -> pa.Schema:
+def source_schema(contract: TableContract = CUSTOMERS) -> pa.Schema:
     """Arrow schema of the MERGE source: Silver's columns (all nullable) + ``_cdc_tomb``."""
-    fields = [pa.field(f.name, f.type) for f in SILVER.schema]
+    silver = SILVER if contract is CUSTOMERS else contract_tables(contract).silver
+    fields = [pa.field(f.name, f.type) for f in silver.schema]
     return pa.schema([*fields, pa.field("_cdc_tomb", pa.string())])
 
 
-def batch_tombstones(events: pl.DataFrame, carry: Sequence[str] = ()) -> pl.DataFrame:
-    """Latest DELETE per customer_id in the events (hard mode's tombstone candidates).
+def batch_tombstones(
+    events: pl.DataFrame, carry: Sequence[str] = (), contract: TableContract = CUSTOMERS
+) -> pl.DataFrame:
+    """Latest DELETE per key in the events (hard mode's tombstone candidates).
 
     Args:
         events: fold input (see module doc).
         carry: further columns of ``events`` to take from that latest DELETE.
+        contract: the table's contract (its key columns).
 
     Returns:
-        One row per customer_id with a DELETE: customer_id, _cdc_seq, deleted_at,
+        One row per key with a DELETE: the key columns, _cdc_seq, deleted_at,
         last_event_id, last_lsn, then the ``carry`` columns.
     """
     return (
         events.filter(_DELETE)
         .sort("sequence")
-        .group_by("customer_id")
+        .group_by(list(contract.keys), maintain_order=False)
         .agg(
             pl.col("sequence").last().alias("_cdc_seq"),
             pl.col("event_timestamp").last().alias("deleted_at"),
@@ -62,35 +67,43 @@ def batch_tombstones(events: pl.DataFrame, carry: Sequence[str] = ()) -> pl.Data
 
 
 def fold_events(
-    events: pl.DataFrame, mode: DeleteMode, prior_tombstones: pl.DataFrame | None = None
+    events: pl.DataFrame,
+    mode: DeleteMode,
+    prior_tombstones: pl.DataFrame | None = None,
+    contract: TableContract = CUSTOMERS,
 ) -> pl.DataFrame:
-    """Fold de-duplicated events into one MERGE source row per customer_id.
+    """Fold de-duplicated events into one MERGE source row per key.
 
     Args:
         events: accepted first-copy events (see module doc), any order.
         mode: ``soft`` or ``hard``.
-        prior_tombstones: hard mode: customer_id, _cdc_seq of tombstones already stored.
+        prior_tombstones: hard mode: the key columns and _cdc_seq of tombstones already stored.
+        contract: the table's contract (default customers): key columns, non-key columns in
+            ``present_mask`` bit order, soft-delete values, the derived ``is_active``.
 
     Returns:
-        One row per customer_id of ``events`` with ``source_schema()`` columns.
+        One row per key of ``events`` with ``source_schema(contract)`` columns.
     """
+    key = list(contract.keys)
     df = events.sort("sequence")
-    keys = df.select("customer_id").unique()
+    keys = df.select(key).unique()
     if mode == "hard":
-        tombs = batch_tombstones(df).select("customer_id", pl.col("_cdc_seq").alias("_t_batch"))
-        keys = keys.join(tombs, on="customer_id", how="left")
+        tombs = batch_tombstones(df, contract=contract).select(
+            *key, pl.col("_cdc_seq").alias("_t_batch")
+        )
+        keys = keys.join(tombs, on=key, how="left", nulls_equal=True)
         if prior_tombstones is not None and prior_tombstones.height:
-            prior = prior_tombstones.select("customer_id", pl.col("_cdc_seq").alias("_t_prior"))
-            keys = keys.join(prior, on="customer_id", how="left")
+            prior = prior_tombstones.select(*key, pl.col("_cdc_seq").alias("_t_prior"))
+            keys = keys.join(prior, on=key, how="left", nulls_equal=True)
         else:
             keys = keys.with_columns(pl.lit(None, pl.String).alias("_t_prior"))
         keys = keys.select(
-            "customer_id",
+            *key,
             pl.max_horizontal(
                 pl.col("_t_batch").fill_null(""), pl.col("_t_prior").fill_null("")
             ).alias("_cdc_tomb"),
         )
-        df = df.join(keys, on="customer_id", how="left").filter(
+        df = df.join(keys, on=key, how="left", nulls_equal=True).filter(
             pl.col("sequence") > pl.col("_cdc_tomb")
         )
     else:
@@ -105,28 +118,33 @@ def fold_events(
         pl.col("operation").last().alias("last_operation"),
         pl.col("lsn").last().alias("last_lsn"),
     ]
-    for name in ATTRIBUTES:
-        carries = ~_DELETE & ((pl.col("present_mask") & ATTRIBUTE_BIT[name]) != 0)
+    for bit, spec in enumerate(contract.attributes):
+        name = spec.name
+        carries = ~_DELETE & ((pl.col("present_mask") & (1 << bit)) != 0)
         value = pl.col(name)
-        if name == "status":
+        if name in contract.soft_delete_values:  # a DELETE sets it (customers: DELETED)
             carries = carries | _DELETE
-            value = pl.when(_DELETE).then(pl.lit("DELETED")).otherwise(pl.col("status"))
+            deleted = pl.lit(contract.soft_delete_values[name])
+            value = pl.when(_DELETE).then(deleted).otherwise(pl.col(name))
         aggs.append(value.filter(carries).last().alias(name))
         aggs.append(pl.col("sequence").filter(carries).last().alias(register(name)))
 
-    folded = df.group_by("customer_id").agg(aggs)
+    folded = df.group_by(key).agg(aggs)
     is_deleted = pl.col("last_operation") == "DELETE"
-    folded = folded.with_columns(
+    derived = [
         is_deleted.alias("is_deleted"),
-        (~is_deleted & (pl.col("status").fill_null("") == "ACTIVE")).alias("is_active"),
         pl.when(is_deleted).then(pl.col("last_updated_at")).otherwise(None).alias("deleted_at"),
-    )
+    ]
+    if contract.derived_active is not None:
+        column, active = contract.derived_active
+        derived.append((~is_deleted & (pl.col(column).fill_null("") == active)).alias("is_active"))
+    folded = folded.with_columns(derived)
     # keys whose every event fell below the tombstone keep a tombstone-only row
-    out = keys.join(folded, on="customer_id", how="left")
-    names = source_schema().names
-    return out.select(names)
+    out = keys.join(folded, on=key, how="left", nulls_equal=True)
+    return out.select(source_schema(contract).names)
 
 
-def to_source_table(frame: pl.DataFrame) -> pa.Table:
-    """The folded frame as an Arrow table with exactly ``source_schema()``."""
-    return frame.select(source_schema().names).to_arrow().cast(source_schema())
+def to_source_table(frame: pl.DataFrame, contract: TableContract = CUSTOMERS) -> pa.Table:
+    """The folded frame as an Arrow table with exactly ``source_schema(contract)``."""
+    schema = source_schema(contract)
+    return frame.select(schema.names).to_arrow().cast(schema)
