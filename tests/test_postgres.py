@@ -246,6 +246,12 @@ def test_crash_between_staging_and_commit_recovers(pg: PgLake, point: str) -> No
     assert pg.confirmed() > before
 
 
+def _staged(lake: PgLake) -> list[dict[str, Any]]:
+    """The source state's staged files, each with its file name instead of its path."""
+    state = json.loads((Path(lake.config.checkpoint.location) / STATE_FILE).read_text())
+    return [{**f, "path": Path(f["path"]).name} for f in state["staged"]]
+
+
 @pytest.mark.slow
 def test_crash_after_commit_before_slot_advance(pg: PgLake) -> None:
     """A lost acknowledgement is made up by the next run; the range is not staged again.
@@ -282,7 +288,10 @@ def test_crash_after_commit_before_slot_advance(pg: PgLake) -> None:
         assert pg.confirmed() == parse_lsn(state["staged"][0]["end_lsn"])
         reports = pg.run()
         assert [r.batch_id for r in reports] == [2]  # batch 1 is acknowledged, not re-run
-        assert pg.confirmed() == reference.confirmed()
+        staged = _staged(pg)
+        assert staged == _staged(reference)  # the same ranges, all acknowledged
+        # (a slot may move on past later transactions without a change of the table)
+        assert pg.confirmed() >= parse_lsn(staged[-1]["end_lsn"])
         _assert_reconciles(pg)
         assert_same_tables(pg, snapshot(reference))  # same ranges, files, tables
         assert len(list(Path(pg.config.source.path).iterdir())) == 3  # nothing staged twice
