@@ -46,7 +46,6 @@ from tests.crashkit import (
     write_workload,
 )
 
-pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 MODE = "hard"
