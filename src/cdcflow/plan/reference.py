@@ -21,9 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import ATTRIBUTES, CdcEvent, Operation
+
+if TYPE_CHECKING:
+    from cdcflow.plan.contract_rules import ChangeEvent
 
 DeleteMode = Literal["soft", "hard"]
 
@@ -114,4 +118,64 @@ def fold(events: Iterable[CdcEvent], mode: DeleteMode = "soft") -> ReferenceStat
     state = ReferenceState()
     for event in sorted(events, key=lambda e: e.sequence):
         apply_event(state, event, mode)
+    return state
+
+
+@dataclass
+class ContractState:
+    """Result of :func:`fold_changes` for one contract's table.
+
+    Attributes:
+        rows: key tuple → public Silver row (the contract's columns, ``is_deleted``,
+            ``is_active`` when derived, timestamps and ``last_*``); one entry per key present.
+        tombstones: key tuple → sequence of the latest DELETE (hard mode only).
+    """
+
+    rows: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    tombstones: dict[tuple[Any, ...], str] = field(default_factory=dict)
+
+
+def fold_changes(
+    events: Iterable[ChangeEvent], contract: TableContract, mode: DeleteMode = "soft"
+) -> ContractState:
+    """The reference fold of any contract: the same rules as :func:`fold`, keyed by the key
+    tuple, over the contract's non-key columns.
+
+    Args:
+        events: accepted first copies (one per event_id) of the contract's table, any order.
+        contract: the table's contract (keys, columns, soft-delete values, derived is_active).
+        mode: ``soft`` or ``hard``.
+
+    Returns:
+        The expected Silver rows and hard-mode tombstones.
+    """
+    state = ContractState()
+    attributes = [c.name for c in contract.attributes]
+    for event in sorted(events, key=lambda e: e.sequence):
+        key = event.key
+        if event.operation is Operation.DELETE and mode == "hard":
+            state.rows.pop(key, None)
+            state.tombstones[key] = event.sequence
+            continue
+        row = state.rows.get(key)
+        if row is None:
+            row = dict(zip(contract.keys, key, strict=True))
+            row.update(dict.fromkeys(attributes))
+            row.update(is_deleted=False, created_at=event.event_timestamp)
+            state.rows[key] = row
+        if event.operation is Operation.DELETE:
+            row.update(contract.soft_delete_values)
+            row.update(is_deleted=True, deleted_at=event.event_timestamp)
+        else:
+            row.update(event.values)
+            row.update(is_deleted=False, deleted_at=None)
+        if contract.derived_active is not None:
+            column, value = contract.derived_active
+            row["is_active"] = not row["is_deleted"] and row[column] == value
+        row.update(
+            last_updated_at=event.event_timestamp,
+            last_event_id=event.event_id,
+            last_operation=event.operation.value,
+            last_lsn=event.lsn,
+        )
     return state

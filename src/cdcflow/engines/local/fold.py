@@ -18,14 +18,17 @@ Output frame (one row per customer_id): the Silver columns (``SILVER.schema``) p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 import pyarrow as pa
 
 from cdcflow.layers.contract_tables import contract_tables
-from cdcflow.layers.tables import SILVER, register
+from cdcflow.layers.tables import SILVER, TS, register
 from cdcflow.model.contracts import CUSTOMERS, TableContract
+
+if TYPE_CHECKING:
+    from cdcflow.plan.contract_rules import ChangeEvent
 
 DeleteMode = Literal["soft", "hard"]
 _DELETE = pl.col("operation") == "DELETE"
@@ -148,3 +151,40 @@ def to_source_table(frame: pl.DataFrame, contract: TableContract = CUSTOMERS) ->
     """The folded frame as an Arrow table with exactly ``source_schema(contract)``."""
     schema = source_schema(contract)
     return frame.select(schema.names).to_arrow().cast(schema)
+
+
+def change_frame(events: Sequence[ChangeEvent], contract: TableContract) -> pl.DataFrame:
+    """The fold input of a contract's table from typed events (one row per event).
+
+    Args:
+        events: accepted first copies of the contract's table.
+        contract: the table's contract.
+
+    Returns:
+        Columns: the key columns and non-key columns (typed as in Bronze; a non-key column is
+        null when absent), ``event_id``, ``operation``, ``event_timestamp``, ``present_mask``
+        (bit i = the i-th non-key column is present), ``lsn``, ``sequence``.
+    """
+    bronze = contract_tables(contract).bronze.schema
+    attributes = [c.name for c in contract.attributes]
+    columns: dict[str, list[Any]] = {name: [] for name in (*contract.keys, *attributes)}
+    for event in events:
+        for name, value in zip(contract.keys, event.key, strict=True):
+            columns[name].append(value)
+        for name in attributes:
+            columns[name].append(event.values.get(name))
+    masks = [sum(1 << i for i, name in enumerate(attributes) if name in e.values) for e in events]
+    table = pa.table(
+        {
+            **{name: pa.array(values, bronze.field(name).type) for name, values in columns.items()},
+            "event_id": pa.array([e.event_id for e in events], pa.string()),
+            "operation": pa.array([e.operation.value for e in events], pa.string()),
+            "event_timestamp": pa.array([e.event_timestamp for e in events], TS),
+            "present_mask": pa.array(masks, bronze.field("present_mask").type),
+            "lsn": pa.array([e.lsn for e in events], pa.string()),
+            "sequence": pa.array([e.sequence for e in events], pa.string()),
+        }
+    )
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
