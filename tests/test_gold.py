@@ -14,9 +14,9 @@ from deltalake.exceptions import TableNotFoundError
 from hypothesis import HealthCheck, given, settings
 
 from cdcflow.layers.gold import MAX_FILLED_GAP_DAYS, PCT_DECIMALS
-from cdcflow.plan.history import state_as_of, timeline
+from cdcflow.plan.history import state_as_of
 from tests.conftest import Lake, ev, full
-from tests.test_history import first_copies
+from tests.oracle import Oracle
 from tests.test_property import streams
 
 D1 = date(2025, 1, 1)
@@ -271,7 +271,11 @@ def _random_days(records: list[dict], seed: int) -> None:
 @given(stream=streams())
 def test_gold_matches_brute_force(tmp_path_factory, mode, stream) -> None:
     records, cuts, seed = stream
-    records = [dict(r) for r in records]
+    # the events of the stream (JSON objects with an event id); invalid lines and re-serialised
+    # copies are the property tests' concern, Gold only needs a valid timeline
+    records = [
+        dict(r) for r in records if isinstance(r, dict) and isinstance(r.get("event_id"), str)
+    ]
     _random_days(records, seed)
     random.Random(seed).shuffle(records)
     lake = Lake(tmp_path_factory.mktemp(mode), mode=mode, max_files=1)
@@ -281,7 +285,7 @@ def test_gold_matches_brute_force(tmp_path_factory, mode, stream) -> None:
         lake.write(records[start : start + size])
         start, cut = start + size, cut + 1
     lake.run()
-    expected = brute_force(timeline(first_copies(lake), mode), mode)  # type: ignore[arg-type]
+    expected = brute_force(Oracle().timeline(lake.arrival, mode), mode)
     assert gold(lake, "daily_customer_metrics") == expected["daily"]
     assert gold(lake, "active_customers_by_geo") == expected["geo"]
     status_rows = gold(lake, "status_distribution")
