@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from cdcflow.state.faults import CRASH_EXIT_CODE
+from cdcflow.state.faults import CRASH_EXIT_CODE, CRASH_POINTS
 from tests.conftest import Lake
 from tests.crashkit import (
     BATCHES,
@@ -50,20 +50,14 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 MODE = "hard"
 BATCH = 1
-#: Every distinct commit of a Spark micro-batch, in order (module docstring: the points left out).
-SPARK_POINTS = (
-    "after_offsets",
-    "after_bronze",
-    "after_quarantine",
-    "after_silver_merge",
-    "after_silver",
-    "after_history",
-    "after_gold_active_customers",
-    "after_gold_daily_customer_metrics",
-    "after_outcomes",
-    "after_audit",
-    "after_commit",
+#: Points left out of the chain (module docstring: why).
+LEFT_OUT = (
+    "after_gold_active_customers_by_geo",
+    "after_gold_status_distribution",
+    "before_commit",
 )
+#: Every distinct commit of a Spark micro-batch, in micro-batch order.
+SPARK_POINTS = tuple(point for point in CRASH_POINTS if point not in LEFT_OUT)
 
 
 def spark_crash_lake(root: Path) -> Lake:

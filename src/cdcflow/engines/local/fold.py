@@ -1,17 +1,20 @@
-"""Polars rendering of the micro-batch fold (one row per customer_id, ready for the MERGE).
+"""Polars rendering of the micro-batch fold (one row per key, ready for the MERGE).
 
-Input frame (one row per accepted, de-duplicated event; the Bronze columns): ``customer_id``,
-``event_id``, ``operation``, ``event_timestamp``, the attributes, ``present_mask``, ``lsn``,
-``sequence``.
+Every function takes the table's contract (:mod:`cdcflow.model.contracts`, default customers).
 
-Output frame (one row per customer_id): the Silver columns (``SILVER.schema``) plus ``_cdc_tomb``
-— the same semantics as :mod:`cdcflow.plan.reference`, expressed as per-column registers:
+Input frame (one row per accepted, de-duplicated event; the Bronze columns): the key columns
+(customers: ``customer_id``), ``event_id``, ``operation``, ``event_timestamp``, the non-key
+columns, ``present_mask``, ``lsn``, ``sequence``.
+
+Output frame (one row per key): the contract's Silver columns plus ``_cdc_tomb`` — the same
+semantics as :mod:`cdcflow.plan.reference`, expressed as per-column registers:
 
 * hard mode: the latest DELETE per key (``max`` with the prior tombstone) resets the row; only
   events with a higher sequence contribute; a key whose events are all below it yields a
   tombstone-only row (``_cdc_seq`` null);
 * each attribute takes the value of the highest-sequence INSERT/UPDATE that carries it (its
-  register = that sequence); status also counts DELETEs (value ``DELETED``) in soft mode;
+  register = that sequence); a column of the contract's ``soft_delete_values`` also counts
+  DELETEs (customers: status ``DELETED``) in soft mode;
 * row-level columns come from the highest-sequence event, ``created_at`` from the lowest.
 """
 
@@ -24,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from cdcflow.layers.contract_tables import contract_tables
-from cdcflow.layers.tables import SILVER, TS, register
+from cdcflow.layers.tables import TS, register
 from cdcflow.model.contracts import CUSTOMERS, TableContract
 
 if TYPE_CHECKING:
@@ -36,8 +39,7 @@ _DELETE = pl.col("operation") == "DELETE"
 
 def source_schema(contract: TableContract = CUSTOMERS) -> pa.Schema:
     """Arrow schema of the MERGE source: Silver's columns (all nullable) + ``_cdc_tomb``."""
-    silver = SILVER if contract is CUSTOMERS else contract_tables(contract).silver
-    fields = [pa.field(f.name, f.type) for f in silver.schema]
+    fields = [pa.field(f.name, f.type) for f in contract_tables(contract).silver.schema]
     return pa.schema([*fields, pa.field("_cdc_tomb", pa.string())])
 
 
@@ -58,7 +60,7 @@ def batch_tombstones(
     return (
         events.filter(_DELETE)
         .sort("sequence")
-        .group_by(list(contract.keys), maintain_order=False)
+        .group_by(list(contract.keys))
         .agg(
             pl.col("sequence").last().alias("_cdc_seq"),
             pl.col("event_timestamp").last().alias("deleted_at"),
@@ -94,10 +96,10 @@ def fold_events(
         tombs = batch_tombstones(df, contract=contract).select(
             *key, pl.col("_cdc_seq").alias("_t_batch")
         )
-        keys = keys.join(tombs, on=key, how="left", nulls_equal=True)
+        keys = keys.join(tombs, on=key, how="left")
         if prior_tombstones is not None and prior_tombstones.height:
             prior = prior_tombstones.select(*key, pl.col("_cdc_seq").alias("_t_prior"))
-            keys = keys.join(prior, on=key, how="left", nulls_equal=True)
+            keys = keys.join(prior, on=key, how="left")
         else:
             keys = keys.with_columns(pl.lit(None, pl.String).alias("_t_prior"))
         keys = keys.select(
@@ -106,9 +108,7 @@ def fold_events(
                 pl.col("_t_batch").fill_null(""), pl.col("_t_prior").fill_null("")
             ).alias("_cdc_tomb"),
         )
-        df = df.join(keys, on=key, how="left", nulls_equal=True).filter(
-            pl.col("sequence") > pl.col("_cdc_tomb")
-        )
+        df = df.join(keys, on=key, how="left").filter(pl.col("sequence") > pl.col("_cdc_tomb"))
     else:
         keys = keys.with_columns(pl.lit("").alias("_cdc_tomb"))
 
@@ -143,7 +143,7 @@ def fold_events(
         derived.append((~is_deleted & (pl.col(column).fill_null("") == active)).alias("is_active"))
     folded = folded.with_columns(derived)
     # keys whose every event fell below the tombstone keep a tombstone-only row
-    out = keys.join(folded, on=key, how="left", nulls_equal=True)
+    out = keys.join(folded, on=key, how="left")
     return out.select(source_schema(contract).names)
 
 
