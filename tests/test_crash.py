@@ -21,7 +21,6 @@ uninterrupted run is made once per delete mode and module (per xdist worker).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +43,6 @@ from tests.crashkit import (
     versions,
     write_workload,
 )
-
-
-def _cli(lake: Lake, config: Path, crash: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``cdcflow run --trigger available-now`` for ``lake`` in a child process."""
-    return run_cli(config, crash)
-
-
-def _config(lake: Lake) -> Path:
-    """``lake``'s configuration file."""
-    return config_file(lake)
 
 
 def crash_lake(root: Path, mode: str) -> Lake:
@@ -104,7 +93,7 @@ def test_crash_at_every_commit_point_then_restart(
     tmp_path: Path, reference: dict[str, dict[str, Any]], point: str, mode: str, batch: int
 ) -> None:
     lake = crash_lake(tmp_path, mode)
-    crashed = _cli(lake, _config(lake), crash=f"{point}@{batch}")
+    crashed = run_cli(config_file(lake), crash=f"{point}@{batch}")
     assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-3000:]
     assert_crashed_at(lake, point, batch)
     reports = lake.run()
@@ -123,9 +112,9 @@ def test_restart_by_the_cli_after_a_crash(
 ) -> None:
     """The restart as a user runs it: ``cdcflow run`` again, in a new process."""
     lake = crash_lake(tmp_path, "hard")
-    config = _config(lake)
-    assert _cli(lake, config, crash="after_silver_merge@1").returncode == CRASH_EXIT_CODE
-    restarted = _cli(lake, config)
+    config = config_file(lake)
+    assert run_cli(config, crash="after_silver_merge@1").returncode == CRASH_EXIT_CODE
+    restarted = run_cli(config)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert "recovering micro-batch 1" in restarted.stdout
     assert_same_lake(lake, reference["hard"])

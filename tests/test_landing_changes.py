@@ -21,8 +21,7 @@ from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.sources.files import plan_landing, read_records
 from cdcflow.state.faults import CRASH_EXIT_CODE
 from tests.conftest import Lake, ev, full
-from tests.test_crash import _cli as cli
-from tests.test_crash import _config
+from tests.crashkit import config_file, run_cli
 
 
 def _line(record: dict[str, object]) -> bytes:
@@ -69,14 +68,14 @@ def _two_files(lake: Lake) -> None:
 @pytest.mark.parametrize("point", ["after_bronze", "after_silver", "before_commit"])
 def test_rerun_after_crash_reads_recorded_bytes_when_file_grew(tmp_path: Path, point: str) -> None:
     lake = Lake(tmp_path, max_files=1)
-    config = _config(lake)
+    config = config_file(lake)
     _two_files(lake)
-    assert cli(lake, config, crash=f"{point}@0").returncode == CRASH_EXIT_CODE
+    assert run_cli(config, crash=f"{point}@0").returncode == CRASH_EXIT_CODE
     # the producer appends to the first file before the restart
     late = ev("E4", "C-3", "INSERT", "0/30", minutes_ago=30, **full(city="Oslo"))
     _append(_first_file(lake), late, stamp=1_700_000_100)
     lake.arrival.append(json.dumps(late))
-    restarted = cli(lake, config)
+    restarted = run_cli(config)
     assert restarted.returncode == 0, restarted.stderr
     # batch 0 is what its first attempt read: 2 records; the appended line comes later
     log = lake.table("audit/batch_log").sort("batch_id")
@@ -89,7 +88,7 @@ def test_rerun_after_crash_reads_recorded_bytes_when_file_grew(tmp_path: Path, p
     assert appended["batch_id"].to_list() == [2]
     assert _positions(lake) == sorted(set(_positions(lake)))
     assert lake.silver() == lake.expected().rows
-    replay = cli(lake, config)  # a further run is a no-op
+    replay = run_cli(config)  # a further run is a no-op
     assert replay.returncode == 0
     assert lake.table("bronze/customer_events").height == 4
 
@@ -97,9 +96,9 @@ def test_rerun_after_crash_reads_recorded_bytes_when_file_grew(tmp_path: Path, p
 @pytest.mark.parametrize("change", ["deleted", "rewritten", "truncated"])
 def test_rerun_after_crash_stops_when_recorded_bytes_are_gone(tmp_path: Path, change: str) -> None:
     lake = Lake(tmp_path, max_files=1)
-    config = _config(lake)
+    config = config_file(lake)
     _two_files(lake)
-    assert cli(lake, config, crash="after_bronze@0").returncode == CRASH_EXIT_CODE
+    assert run_cli(config, crash="after_bronze@0").returncode == CRASH_EXIT_CODE
     before = _versions(lake)
     path = _first_file(lake)
     original = path.read_bytes()
@@ -109,7 +108,7 @@ def test_rerun_after_crash_stops_when_recorded_bytes_are_gone(tmp_path: Path, ch
         path.write_bytes(original.replace(b"Lyon", b"Rome"))
     else:
         path.write_bytes(original[:10])
-    restarted = cli(lake, config)
+    restarted = run_cli(config)
     assert restarted.returncode == 2
     lines = [line for line in restarted.stderr.splitlines() if not line.startswith("{")]
     assert len(lines) == 1  # the error, in one line (JSON log lines aside)
@@ -117,7 +116,7 @@ def test_rerun_after_crash_stops_when_recorded_bytes_are_gone(tmp_path: Path, ch
     assert _versions(lake) == before  # nothing written
     # the operator restores the file: the batch completes as its first attempt would have
     path.write_bytes(original)
-    assert cli(lake, config).returncode == 0
+    assert run_cli(config).returncode == 0
     assert lake.silver() == lake.expected().rows
     log = lake.table("audit/batch_log").sort("batch_id")
     assert log["records_received"].to_list() == [2, 1]
@@ -255,14 +254,14 @@ def test_min_file_age_holds_back_young_files(tmp_path: Path) -> None:
 def test_legacy_offsets_without_fingerprint_still_run(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
     lake.write([ev("E1", "C-1", "INSERT", "0/10", minutes_ago=50, **full())])
-    config = _config(lake)
-    assert cli(lake, config, crash="after_bronze@0").returncode == CRASH_EXIT_CODE
+    config = config_file(lake)
+    assert run_cli(config, crash="after_bronze@0").returncode == CRASH_EXIT_CODE
     offsets_file = Path(lake.config.checkpoint.location) / "offsets" / "0.json"
     data = json.loads(offsets_file.read_text())
     for file in data["files"]:
         for key in ("start", "sha256", "inode", "change"):
             file.pop(key)
     offsets_file.write_text(json.dumps(data))
-    assert cli(lake, config).returncode == 0
+    assert run_cli(config).returncode == 0
     assert lake.silver() == lake.expected().rows
     assert lake.run() == []
