@@ -25,6 +25,7 @@ from cdcflow.model.contracts import (
     coerce,
 )
 from cdcflow.model.events import ATTRIBUTES, PII_ATTRIBUTES, STATUSES
+from cdcflow.pipeline import Pipeline
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.rules import JsonNumber, Rejection, RuleSet, validate_record
 from tests.test_property import streams
@@ -313,3 +314,10 @@ def test_typed_contract_tables() -> None:
     assert "is_active" not in silver.names  # no derived_active declared
     assert tables.quarantine.schema.field("account_id").type == pa.string()
     assert tables.silver.name == "silver/accounts" and tables.bronze.partition_by
+
+
+def test_a_run_refuses_declared_tables_it_cannot_run_yet(tmp_path: Path) -> None:
+    """Declared tables are never silently ignored: the run stops with a config error."""
+    config = load_config(_write(tmp_path, ACCOUNTS))
+    with pytest.raises(ConfigError, match="key 'tables': declares accounts, order_lines"):
+        Pipeline(config)

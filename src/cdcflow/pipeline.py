@@ -74,6 +74,19 @@ class Pipeline:
     """One configured pipeline: source → engine → checkpoint."""
 
     def __init__(self, config: CdcflowConfig, engine: Engine | None = None) -> None:
+        """Set up a run of ``config``.
+
+        Raises:
+            ConfigError: the config declares ``tables:``: this version reads table contracts
+                but runs only the shipped customers contract, so declared tables would be
+                silently ignored.
+        """
+        if config.tables:
+            names = ", ".join(table.name for table in config.tables)
+            raise ConfigError(
+                f"key 'tables': declares {names}, but this version runs only the shipped "
+                "customers contract; remove the tables: section to run it"
+            )
         self.config = config
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.engine = engine or get_engine(config)

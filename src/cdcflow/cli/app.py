@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from cdcflow.config import CdcflowConfig, load_config
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.logs import set_log_format, setup_logging
 from cdcflow.report import BatchReport
 
@@ -144,7 +144,11 @@ def run(
     from cdcflow.pipeline import Pipeline, Trigger
 
     parsed = Trigger.parse(trigger)
-    pipeline = Pipeline(load(config))
+    settings = load(config)
+    try:
+        pipeline = Pipeline(settings)
+    except ConfigError as exc:  # a setting the run cannot honour: name the file too
+        raise ConfigError(f"{config}: {exc}") from None
     continuous = parsed.kind == "processing-time"
     totals = RunTotals()
     label = "waiting for landing files" if continuous else "micro-batches"
