@@ -4,9 +4,9 @@
 # Afterwards the project's tools are in .venv/bin (no PATH change needed): .venv/bin/cdcflow …
 SHELL := /bin/bash
 export PATH := $(HOME)/.local/bin:$(PATH)
-# pytest-xdist: two workers; each xdist_group (Spark, PostgreSQL, docs: tests/conftest.py) stays
-# on one worker. PYTEST_ARGS= runs in one process.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# pytest-xdist: three workers; each xdist_group (Spark, Spark crash, PostgreSQL, docs:
+# tests/conftest.py) stays on one worker. PYTEST_ARGS= runs in one process.
+PYTEST_ARGS ?= -n 3 --dist loadgroup
 
 .PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation
 

@@ -42,10 +42,16 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 REPO = Path(__file__).resolve().parents[1]
 PG_PORT = int(os.environ.get("CDCFLOW_PG_PORT", "55432"))
 
-#: pytest-xdist groups (``make test`` runs ``-n 2 --dist loadgroup``): every test of a group runs
+#: pytest-xdist groups (``make test`` runs ``-n 3 --dist loadgroup``): every test of a group runs
 #: on the same worker, so one JVM serves all Spark tests, one worker talks to the PostgreSQL
-#: server, and the docs walk-through (its own Spark and PostgreSQL) runs beside the rest.
-XDIST_GROUPS = {"spark": "spark", "postgres": "pg_server", "docs": "docs"}
+#: server, and the docs walk-through (its own Spark and PostgreSQL) runs beside the rest. The
+#: Spark crash chain (the longest test) has a worker and a SparkSession of its own.
+XDIST_GROUPS = {
+    "spark_crash": "spark_crash",
+    "spark": "spark",
+    "postgres": "pg_server",
+    "docs": "docs",
+}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

@@ -1,6 +1,6 @@
 """Shared pieces of the crash tests: the workload, a killed child run, and the lake comparison.
 
-A crash test kills a child ``python -m cdcflow run`` at a crash point
+A crash test kills a child ``cdcflow run`` (:mod:`tests.forkrun`) at a crash point
 (``CDCFLOW_CRASH_AT``, :mod:`cdcflow.state.faults`; the child sends itself ``SIGKILL``), restarts
 the pipeline, and compares the recovered lakehouse with an uninterrupted run of the same landing
 files in another folder (:func:`assert_same_lake`).
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.state.checkpoint import Checkpoint
 from cdcflow.state.faults import gold_point
+from tests import forkrun
 from tests.conftest import REPO, Lake, ev, full
 
 
@@ -144,7 +144,10 @@ TRIGGER = ("--trigger", "available-now")
 def run_cli(
     config: Path, crash: str | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m cdcflow run --trigger available-now`` in a child process.
+    """``cdcflow run --trigger available-now`` in a child process.
+
+    The child is forked from a warm fork server (:mod:`tests.forkrun`: the same entry point as
+    the console script, without paying the imports again for every child).
 
     Args:
         config: the configuration file.
@@ -157,15 +160,7 @@ def run_cli(
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
     if crash:
         env["CDCFLOW_CRASH_AT"] = crash
-    return subprocess.run(
-        [sys.executable, "-m", "cdcflow", "run", "--config", str(config), *TRIGGER],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return forkrun.run(["run", "--config", str(config), *TRIGGER], env, REPO, timeout)
 
 
 # -- which commits a crash point leaves -------------------------------------------------------

@@ -2,9 +2,9 @@
 
 For every crash point (:data:`cdcflow.state.faults.CRASH_POINTS`: each checkpoint file and each
 Delta commit of a micro-batch) × delete mode (soft, hard) × batch (the first, the middle and the
-last of three), a child ``python -m cdcflow run`` is killed with ``SIGKILL`` at the point; the
-lake is checked to hold exactly the commits before it; the pipeline is restarted; and the
-result is compared with an uninterrupted run of the same landing files in another folder
+last of three), a child ``cdcflow run`` (:mod:`tests.forkrun`) is killed with ``SIGKILL`` at the
+point; the lake is checked to hold exactly the commits before it; the pipeline is restarted; and
+the result is compared with an uninterrupted run of the same landing files in another folder
 (Silver, tombstones, history, Gold, Bronze, quarantine, outcomes, batch_log, Delta versions,
 checkpoint: :func:`tests.crashkit.assert_same_lake`). A second restart must change nothing.
 
@@ -13,8 +13,9 @@ Left out of the matrix are the cells whose crash leaves the very files of anothe
 ``before_commit``) and, in soft mode, ``after_silver_merge`` (no tombstone commit follows the
 Silver MERGE: the files of ``after_silver``). That leaves 75 of the 84 cells.
 
-Cost: a child's start-up (its imports: about 3 s of CPU, of 3.5–4 s for the whole child) is most
-of a cell's time, so the restart runs in the test process (``Pipeline.run``, the code path of
+Cost: a child started as ``python -m cdcflow`` spends about 3 s of CPU on its imports, most of a
+cell's time; the children are therefore forked from a warm fork server (:mod:`tests.forkrun`,
+about 0.5 s each), and the restart runs in the test process (``Pipeline.run``, the code path of
 ``cdcflow run``; :func:`test_restart_by_the_cli_after_a_crash` restarts through the CLI) and the
 uninterrupted run is made once per delete mode and module (per xdist worker).
 """

@@ -1,7 +1,7 @@
 """Crash test of the Spark engine: a real SIGKILL of a child ``cdcflow run`` (engine: spark).
 
-A child ``python -m cdcflow run`` with ``pipeline.engine: spark`` is killed with ``SIGKILL`` at a
-crash point of the middle micro-batch (batch 1 of the three of
+A child ``cdcflow run`` (:mod:`tests.forkrun`) with ``pipeline.engine: spark`` is killed with
+``SIGKILL`` at a crash point of the middle micro-batch (batch 1 of the three of
 :func:`tests.crashkit.write_workload`), in hard mode; its JVM ends with it (PySpark's gateway
 exits at the end of its stdin) before the child's pipes close. The lake must then hold exactly
 the commits before the point. The next child restarts (Structured Streaming re-runs the
@@ -46,7 +46,10 @@ from tests.crashkit import (
     write_workload,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+#: ``spark_crash``: an xdist group of its own (tests/conftest.py), so the chain — the longest
+#: test of the suite — runs on one worker (with a SparkSession of its own) while the other
+#: Spark tests share another.
+pytestmark = [pytest.mark.spark_crash, pytest.mark.spark, pytest.mark.slow]
 
 MODE = "hard"
 BATCH = 1
