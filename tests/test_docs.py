@@ -58,7 +58,7 @@ DOCS = FIRST_DOCS + sorted(
 
 ADAPTATIONS = {
     "make test": "not run: it is the command running this test",
-    "bench/bench_*.py": "small sizes: --events 500 --customers 50 --files 2; once per line",
+    "bench/bench_*.py": "small sizes: --events 500 --customers 50 --files 2; each line once",
     "pytest": "--collect-only: the same tests run in this suite",
     "--continuous / processing-time=": "SIGINT after the first round; must exit 0",
 }
@@ -102,7 +102,8 @@ def without_comment(command: str) -> str:
 
 
 def adapt(command: str) -> tuple[str, str]:
-    """(how to run it: "run" | "skip-self" | "continuous", the command line to run)."""
+    """(how to run it: "run" | "benchmark" | "skip-self" | "continuous", the command line to
+    run); a benchmark runs like "run", once per command line (:func:`run_command`)."""
     bare = without_comment(command)
     if bare == "make test":
         return "skip-self", bare
@@ -112,7 +113,7 @@ def adapt(command: str) -> tuple[str, str]:
                 bare = re.sub(rf"{flag}\s+\d+", f"{flag} {value}", bare)
             else:
                 bare += f" {flag} {value}"
-        return "run", bare
+        return "benchmark", bare
     if re.search(r"(^|\s|/)pytest(\s|$)", bare):
         return "run", bare + " --collect-only"
     if "--continuous" in bare or "processing-time=" in bare:
@@ -201,9 +202,7 @@ def readers_files(root: Path, command: str) -> None:
         state.filter(~pl.col("is_deleted")).select(columns).write_csv(root / "customers.csv")
 
 
-def run_command(
-    root: Path, env: dict[str, str], doc: str, command: str, ran: set[str] | None = None
-) -> str:
+def run_command(root: Path, env: dict[str, str], doc: str, command: str, ran: set[str]) -> str:
     """Run one command of ``doc`` as pasted (adapted: :func:`adapt`) and return its output.
 
     ``ran`` holds the benchmark command lines already run: a benchmark that adapts to one of
@@ -213,7 +212,7 @@ def run_command(
     how, line = adapt(command)
     if how == "skip-self":
         return ""
-    if ran is not None and re.search(r"bench/bench_\w+\.py", line):
+    if how == "benchmark":
         if line in ran:
             return ""
         ran.add(line)
