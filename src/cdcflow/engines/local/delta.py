@@ -87,12 +87,20 @@ class DeltaStore:
 
     def ensure(self, spec: TableSpec) -> None:
         """Create the table (empty, with schema, partitioning and properties) if missing."""
+        self.open(spec)
+
+    def open(self, spec: TableSpec) -> DeltaTable:
+        """Open the latest version of a table, creating it (empty) first if missing.
+
+        Raises:
+            ConfigError: the table cannot be created under ``storage.root``.
+        """
         uri = self.uri_of[spec.name]
         try:
-            DeltaTable(uri, storage_options=self.storage_options)
+            return DeltaTable(uri, storage_options=self.storage_options)
         except TableNotFoundError:
             try:
-                DeltaTable.create(
+                return DeltaTable.create(
                     uri,
                     schema=spec.schema,
                     partition_by=list(spec.partition_by) or None,

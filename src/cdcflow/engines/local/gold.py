@@ -244,23 +244,22 @@ def refresh_gold(
         Table name → number of rows written (skipped tables are absent).
     """
     store = _store(config)
-    for spec in (HISTORY, *GOLD_TABLES):
-        store.ensure(spec)
+    tables = {spec.name: store.open(spec) for spec in (HISTORY, *GOLD_TABLES)}
     gold_app = f"{app_id}-gold" if app_id is not None else None
     todo = [
         spec
         for spec in GOLD_TABLES
         if gold_app is None
         or batch_id is None
-        or not txn_done(store.table(spec), gold_app, batch_id)
+        or not txn_done(tables[spec.name], gold_app, batch_id)
     ]
     if not todo:
         return {}
-    history = scan_table(store.table(HISTORY)).collect()
+    history = scan_table(tables[HISTORY.name]).collect()
     frames = compute_gold(history)
     written = {}
     for spec in todo:
-        table: DeltaTable = store.table(spec)
+        table: DeltaTable = tables[spec.name]
         props = (
             commit_props(gold_app, batch_id)
             if gold_app is not None and batch_id is not None
