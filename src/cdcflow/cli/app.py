@@ -193,6 +193,10 @@ app.command()(reconcile)
 app.command()(replay)
 app.command()(demo)
 
+from cdcflow.cli.validate import validate  # noqa: E402
+
+app.command()(validate)
+
 from cdcflow.cli.source_workload import source_workload  # noqa: E402
 from cdcflow.cli.sync import sync_app  # noqa: E402
 

@@ -197,6 +197,9 @@ class ColumnSpec(_Strict):
         reason: the reason code of a constraint failure (default ``SCHEMA_MISMATCH``; the
             customers ``status`` uses ``INVALID_STATUS``).
         required_on_insert: an INSERT must carry it (customers ``status``).
+        references: a foreign key, ``<table>.<key column>``: every live Silver row's non-null
+            value must be a live key of that table (checked by ``cdcflow validate``, never at
+            ingestion: the referenced row may arrive later).
     """
 
     name: str = Field(pattern=_IDENTIFIER)
@@ -211,6 +214,9 @@ class ColumnSpec(_Strict):
     normalize: Literal["none", "upper"] = "none"
     reason: Literal["SCHEMA_MISMATCH", "INVALID_STATUS"] = "SCHEMA_MISMATCH"
     required_on_insert: bool = False
+    references: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"
+    )
 
     @field_validator("type")
     @classmethod

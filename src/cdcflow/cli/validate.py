@@ -1,0 +1,101 @@
+"""``cdcflow validate``: re-check Silver against every table contract (validation parity)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.errors import CdcflowError
+from cdcflow.layers.validation import ValidationReport, validate_silver
+from cdcflow.model.contracts import TableContract
+
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
+]
+
+
+def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.DataFrame:
+    """The Silver rows of ``contract``'s table (its key and declared columns, ``is_deleted``).
+
+    Raises:
+        CdcflowError: the Silver table does not exist yet.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from cdcflow.engines.local.delta import scan_table
+
+    name = contract.table_names.silver
+    try:
+        table = DeltaTable(config.table_uri(name), storage_options=config.storage.options or None)
+    except TableNotFoundError:
+        raise CdcflowError(
+            f"validate: table {contract.name}: {name} does not exist under storage.root yet "
+            "(run the pipeline first)"
+        ) from None
+    frame = scan_table(table)
+    present = frame.collect_schema().names()
+    wanted = [c.name for c in contract.columns if c.name in present]
+    return frame.select([*wanted, "is_deleted"]).collect()
+
+
+def validate_lakehouse(config: CdcflowConfig) -> ValidationReport:
+    """:func:`cdcflow.layers.validation.validate_silver` of every contract of ``config``.
+
+    Raises:
+        CdcflowError: a contract's Silver table does not exist yet.
+    """
+    contracts = config.contracts()
+    silver = {c.name: read_contract_silver(config, c) for c in contracts}
+    report = ValidationReport()
+    for contract in contracts:
+        one = validate_silver(contract, silver[contract.name], silver)
+        report.tables.update(one.tables)
+        report.violations.extend(one.violations)
+    return report
+
+
+def validate(
+    config: ConfigOption,
+    output: Annotated[
+        str, typer.Option(help="table: a summary and the violations; json: the whole report.")
+    ] = "table",
+) -> None:
+    """Re-check Silver against every table contract: keys (non-null, unique, pattern), each
+    column's constraints on live rows, foreign keys. Exit 0 when every rule holds, 1 otherwise.
+    """
+    from rich.table import Table
+
+    from cdcflow.cli.app import console, load
+    from cdcflow.cli.tables import OUTPUTS
+
+    if output not in OUTPUTS:
+        raise CdcflowError(f"--output: expected table or json, got {output!r}")
+    cfg = load(config)
+    report = validate_lakehouse(cfg)
+    if output == "json":
+        console.print_json(json.dumps(report.to_json()))
+    else:
+        summary = Table(title="validate", title_justify="left")
+        for column in ("table", "rows", "live rows", "violations", "result"):
+            summary.add_column(column, justify="left" if column == "table" else "right")
+        for name, (rows, live) in report.tables.items():
+            broken = sum(1 for v in report.violations if v.table == name)
+            summary.add_row(name, str(rows), str(live), str(broken), "FAIL" if broken else "PASS")
+        console.print(summary)
+        if report.violations:
+            detail = Table(title="violations", title_justify="left")
+            for column in ("table", "column", "rule", "rows", "detail", "example keys"):
+                detail.add_column(column, justify="right" if column == "rows" else "left")
+            for v in report.violations:
+                detail.add_row(
+                    v.table, v.column, v.rule, str(v.rows), v.detail, ", ".join(v.examples)
+                )
+            console.print(detail)
+    if not report.ok:
+        raise typer.Exit(1)

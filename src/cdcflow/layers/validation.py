@@ -1,0 +1,203 @@
+"""Validation parity: re-check Silver against its table contract (``cdcflow validate``).
+
+Ingestion quarantines a record that breaks its contract, so a Silver that came from cdcflow
+alone holds none; this re-check proves it downstream ("validation parity" with the source's own
+constraints) and catches what ingestion cannot see: a table written or edited by another tool,
+a contract tightened after the data arrived, a foreign key whose referenced row never came.
+
+Rules, per table (one row per key in Silver):
+
+* ``KEY_NULL`` / ``KEY_DUPLICATE``: every key column is non-null; no two rows share a key
+  (all rows, deleted ones too).
+* ``KEY_PATTERN``: a key column with a ``key_patterns`` entry fully matches it (RE2).
+* ``NOT_NULL``, ``ALLOWED_VALUES``, ``PATTERN``, ``MINIMUM``, ``MAXIMUM``: the column's
+  constraints (:class:`cdcflow.model.contracts.ColumnSpec`), on live rows (``is_deleted``
+  false; a soft-deleted row keeps its last values but is no longer the source's row).
+* ``FOREIGN_KEY``: a column with ``references: <table>.<column>``: every live row's non-null
+  value is a live key of that table.
+
+A violation names the table, the column, the rule and how many rows break it, with up to five
+example keys — never a value of a column the contract marks PII (an example key of a PII key
+column is left out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+import re2
+
+from cdcflow.model.contracts import ColumnSpec, TableContract, coerce
+
+#: How many example keys a violation carries.
+EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Violation:
+    """Rows of one table breaking one rule of one column.
+
+    Attributes:
+        table: the contract's table name.
+        column: the column checked (a key column for the ``KEY_*`` rules).
+        rule: one of the module's rule names.
+        rows: how many rows break it (for ``KEY_DUPLICATE``: the rows sharing a key).
+        detail: the rule in words (never a value).
+        examples: up to :data:`EXAMPLES` keys of breaking rows (``"k1|k2"`` for a composite
+            key); empty when a key column is PII.
+    """
+
+    table: str
+    column: str
+    rule: str
+    rows: int
+    detail: str
+    examples: tuple[str, ...] = ()
+
+
+@dataclass
+class ValidationReport:
+    """The outcome of :func:`validate_silver` over one or more tables.
+
+    Attributes:
+        tables: table name → (rows, live rows) checked.
+        violations: every rule broken, in table, column, rule order.
+    """
+
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no rule is broken."""
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: ``ok``, ``tables`` (rows, live_rows) and ``violations``."""
+        return {
+            "ok": self.ok,
+            "tables": {
+                name: {"rows": rows, "live_rows": live}
+                for name, (rows, live) in self.tables.items()
+            },
+            "violations": [{**asdict(v), "examples": list(v.examples)} for v in self.violations],
+        }
+
+
+def _key_text(contract: TableContract) -> pl.Expr:
+    return pl.concat_str([pl.col(k).cast(pl.String) for k in contract.keys], separator="|")
+
+
+def _re2_misses(values: pl.Series, pattern: str) -> set[Any]:
+    """The distinct non-null values of ``values`` that do not fully match ``pattern``."""
+    options = re2.Options()
+    options.log_errors = False
+    compiled = re2.compile(pattern, options)
+    return {v for v in values.drop_nulls().unique() if compiled.fullmatch(str(v)) is None}
+
+
+def _column_rules(spec: ColumnSpec) -> list[tuple[str, str, pl.Expr | None, str | None]]:
+    """(rule, detail, expression true on a breaking row, RE2 pattern) of the column's rules."""
+    col = pl.col(spec.name)
+    rules: list[tuple[str, str, pl.Expr | None, str | None]] = []
+    if not spec.nullable:
+        rules.append(("NOT_NULL", f"{spec.name} must not be null", col.is_null(), None))
+    if spec.allowed_values is not None:
+        allowed = list(spec.allowed_values)
+        detail = f"{spec.name} is not one of {', '.join(allowed)}"
+        rules.append(("ALLOWED_VALUES", detail, ~col.cast(pl.String).is_in(allowed), None))
+    if spec.pattern is not None:
+        detail = f"{spec.name} does not match its pattern {spec.pattern!r}"
+        rules.append(("PATTERN", detail, None, spec.pattern))
+    for rule, bound, broken in (
+        ("MINIMUM", spec.minimum, lambda limit: col < limit),
+        ("MAXIMUM", spec.maximum, lambda limit: col > limit),
+    ):
+        if bound is not None:
+            limit = pl.lit(coerce(bound, spec.type))
+            rules.append(
+                (rule, f"{spec.name} is outside its {rule.lower()} {bound}", broken(limit), None)
+            )
+    return rules
+
+
+def validate_silver(
+    contract: TableContract,
+    silver: pl.DataFrame,
+    others: Mapping[str, pl.DataFrame] | None = None,
+) -> ValidationReport:
+    """Check one table's Silver rows against its contract.
+
+    Args:
+        contract: the table's contract.
+        silver: the table's Silver rows (one per key; its key columns, its declared columns and
+            ``is_deleted``).
+        others: Silver of the tables that ``references`` name (table name → rows), for the
+            foreign keys; a referenced table missing here counts every reference as broken.
+
+    Returns:
+        The report (tables: ``contract.name`` → rows, live rows).
+    """
+    report = ValidationReport()
+    key = _key_text(contract)
+    live = silver.filter(~pl.col("is_deleted").fill_null(False))
+    report.tables[contract.name] = (silver.height, live.height)
+    pii_key = any(contract.column(k).pii for k in contract.keys)
+
+    def add(column: str, rule: str, detail: str, broken: pl.DataFrame) -> None:
+        if broken.height == 0:
+            return
+        examples: tuple[str, ...] = ()
+        if not pii_key:
+            keys = broken.select(key.alias("_k"))["_k"].drop_nulls().unique().sort()
+            examples = tuple(keys.head(EXAMPLES).to_list())
+        report.violations.append(
+            Violation(contract.name, column, rule, broken.height, detail, examples)
+        )
+
+    for name in contract.keys:
+        add(
+            name,
+            "KEY_NULL",
+            f"key column {name} must not be null",
+            silver.filter(pl.col(name).is_null()),
+        )
+    whole_key = pl.struct(list(contract.keys))
+    shared = silver.filter(
+        whole_key.is_duplicated()
+        & pl.all_horizontal([pl.col(k).is_not_null() for k in contract.keys])
+    )
+    add(", ".join(contract.keys), "KEY_DUPLICATE", "two or more rows share a key", shared)
+    for name, pattern in contract.key_patterns.items():
+        misses = _re2_misses(silver[name], pattern)
+        detail = f"key column {name} does not match its pattern {pattern!r}"
+        add(name, "KEY_PATTERN", detail, silver.filter(pl.col(name).is_in(list(misses))))
+
+    for spec in contract.attributes:
+        if spec.name not in live.columns:
+            continue
+        for rule, detail, expr, column_pattern in _column_rules(spec):
+            if column_pattern is not None:
+                misses = _re2_misses(live[spec.name], column_pattern)
+                broken = live.filter(pl.col(spec.name).is_in(list(misses)))
+            else:
+                assert expr is not None
+                broken = live.filter(expr.fill_null(False))
+            add(spec.name, rule, detail, broken)
+        if spec.references is not None:
+            table, column = spec.references.split(".", 1)
+            target = (others or {}).get(table)
+            known: list[Any] = []
+            if target is not None and column in target.columns:
+                alive = target.filter(~pl.col("is_deleted").fill_null(False))
+                known = alive[column].drop_nulls().unique().to_list()
+            value = pl.col(spec.name)
+            broken = live.filter(value.is_not_null() & ~value.is_in(known))
+            add(spec.name, "FOREIGN_KEY", f"{spec.name} is not a live {spec.references}", broken)
+    return report
+
+
+__all__ = ["EXAMPLES", "ValidationReport", "Violation", "validate_silver"]
