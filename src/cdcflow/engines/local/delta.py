@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -84,6 +85,24 @@ class DeltaStore:
     def __init__(self, uri_of: dict[str, str], storage_options: dict[str, str] | None = None):
         self.uri_of = uri_of
         self.storage_options = storage_options or None
+        self._pinned: dict[str, DeltaTable] | None = None
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within the block, :meth:`table` opens each table once and returns that object again.
+
+        delta-rs moves a table object to the version of each commit it writes itself (append,
+        MERGE, delete), so the object stays the latest version as long as the block is the
+        only writer of the table: a micro-batch under the checkpoint's lock. Opening a table
+        replays its log, a few milliseconds each; a micro-batch asks for its tables about twenty
+        times. Leaving the block forgets the objects (the next block opens them again, seeing
+        what other processes wrote in between).
+        """
+        self._pinned = {}
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def ensure(self, spec: TableSpec) -> None:
         """Create the table (empty, with schema, partitioning and properties) if missing."""
@@ -111,9 +130,21 @@ class DeltaStore:
             except Exception as exc:  # delta-rs raises TableNotFoundError, OSError, DeltaError
                 raise unwritable_root(uri, exc) from exc
 
+    def forget(self) -> None:
+        """Inside :meth:`pinned`: drop the objects opened so far (before another writer of the
+        same tables commits, e.g. an automatic optimize); the next :meth:`table` opens anew."""
+        if self._pinned is not None:
+            self._pinned.clear()
+
     def table(self, spec: TableSpec) -> DeltaTable:
-        """Open the latest version of a table."""
-        return DeltaTable(self.uri_of[spec.name], storage_options=self.storage_options)
+        """Open the latest version of a table (inside :meth:`pinned`: its one object)."""
+        if self._pinned is None:
+            return DeltaTable(self.uri_of[spec.name], storage_options=self.storage_options)
+        table = self._pinned.get(spec.name)
+        if table is None:
+            table = DeltaTable(self.uri_of[spec.name], storage_options=self.storage_options)
+            self._pinned[spec.name] = table
+        return table
 
 
 def txn_done(table: DeltaTable, app_id: str, version: int) -> bool:

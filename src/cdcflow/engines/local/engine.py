@@ -343,12 +343,18 @@ class LocalEngine:
     def run_batch(self, offsets: BatchOffsets) -> BatchReport:
         """Process one micro-batch (idempotent: a re-run after a crash writes nothing twice).
 
+        Each table is opened once for the batch (:meth:`DeltaStore.pinned`).
+
         Args:
             offsets: the batch's files and processing time, from the checkpoint's offset log.
 
         Returns:
             The batch report (also appended to ``audit/batch_log``).
         """
+        with self.store.pinned():
+            return self._run_batch(offsets)
+
+    def _run_batch(self, offsets: BatchOffsets) -> BatchReport:
         batch_id = offsets.batch_id
         report = BatchReport(
             batch_id=batch_id,
@@ -418,6 +424,7 @@ class LocalEngine:
             )
         crash_point("after_history", batch_id)
         with report.stage("gold"):
+            self.store.forget()  # the Gold refresh and an automatic optimize write on their own
             after_batch(self.config, self.app_id, batch_id)
 
         if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
