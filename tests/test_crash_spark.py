@@ -27,6 +27,7 @@ the first and last Gold points are kept) and ``before_commit`` (the same files a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,14 @@ from tests.crashkit import (
     snapshot,
     versions,
     write_workload,
+)
+
+#: What Spark's default log4j2 profile prints on every start: its banner, the shell's log level
+#: hint, and WARN lines (``26/12/02 08:23:53 WARN Utils: Your hostname ...``).
+SPARK_CHATTER = re.compile(
+    r"Using Spark's default log4j profile|Setting default log level|"
+    r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN ",
+    re.MULTILINE,
 )
 
 #: ``spark_crash``: an xdist group of its own (tests/conftest.py), so the chain — the longest
@@ -110,6 +119,9 @@ def test_spark_killed_at_every_commit_of_a_batch_then_restart(
         crashed = run_cli(config, crash=f"{point}@{BATCH}", timeout=900)
         assert crashed.returncode == CRASH_EXIT_CODE, (point, crashed.stderr[-3000:])
         assert_crashed_at(lake, point, BATCH)
+        # the driver's log4j2 configuration (engines/spark/log4j2.properties): no Spark banner,
+        # no WARN lines a user cannot act on, on a cdcflow run's stderr
+        assert not SPARK_CHATTER.search(crashed.stderr), crashed.stderr[:3000]
     lake.run()  # Spark re-runs its batch 1 (committed by cdcflow, not by Spark), then batch 2
     assert_same_lake(lake, spark_reference)
     assert lake.run() == []  # a second restart is a no-op: not a commit more

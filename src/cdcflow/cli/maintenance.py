@@ -146,8 +146,10 @@ def optimize(
 
         done = optimize_between_runs(cfg, vacuum=vacuum, wait=patience, on_table=on_table)
     table = Table(title="optimize")
-    for header in ("table", "action", "files added", "files removed", "vacuumed", "version"):
-        table.add_column(header)
+    table.add_column("table")
+    table.add_column("action")
+    for header in ("files added", "files removed", "vacuumed", "version"):
+        table.add_column(header, justify="right")
     for entry in done:
         table.add_row(
             entry.table,

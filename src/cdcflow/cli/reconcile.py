@@ -115,7 +115,7 @@ def report_table(report: ReconcileReport, title: str | None = None) -> Table:
     table.add_column("check")
     table.add_column(report.expected_label, justify="right")
     table.add_column(report.actual_label, justify="right")
-    table.add_column("", justify="center")
+    table.add_column("ok", justify="center")
 
     def mark(good: bool) -> str:
         return "[green]ok[/]" if good else "[red]x[/]"

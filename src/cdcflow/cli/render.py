@@ -25,7 +25,7 @@ _COLUMNS = (
     ("late", "late_events"),
     ("ms", "duration_ms"),
     ("ev/s", None),
-    ("silver", "silver_version"),
+    ("silver v", "silver_version"),
 )
 
 

@@ -659,14 +659,16 @@ class SparkEngine:
                 .filter((F.col("_t_min_seq") <= F.col("_tb")) & (F.col("_tb") < F.col("_t_seq")))
                 .select("customer_id")
             )
-            history = (
-                self._read(BRONZE)
-                .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
-                .join(split, "customer_id", "left_semi")
-                .select(FOLD_COLUMNS)
-            )
-            exact = fold_events(history, "hard", None)
-            source = source.join(split, "customer_id", "left_anti").unionByName(exact)
+            # rare: one small job to find out, instead of a second fold in every MERGE source
+            if not split.isEmpty():
+                history = (
+                    self._read(BRONZE)
+                    .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
+                    .join(split, "customer_id", "left_semi")
+                    .select(FOLD_COLUMNS)
+                )
+                exact = fold_events(history, "hard", None)
+                source = source.join(split, "customer_id", "left_anti").unionByName(exact)
             source = source.join(
                 targets.select("customer_id", F.lit(True).alias("_has_target")),
                 "customer_id",

@@ -23,6 +23,10 @@ INSTALL_HINT = (
     "(scripts/spark/fetch-jars.sh)"
 )
 
+#: log4j2 configuration of the driver JVM: errors only, on stderr (a file URI: no spaces, which
+#: would split ``spark.driver.extraJavaOptions``)
+LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
+
 #: Defaults for a small local run; ``spark.conf`` entries override them.
 DEFAULT_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -37,7 +41,8 @@ DEFAULT_CONF = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+    # the driver's log4j2 configuration: errors only (see log4j2.properties)
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
 }
 
 

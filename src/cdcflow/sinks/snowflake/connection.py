@@ -15,6 +15,7 @@ import importlib
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,11 @@ def start_emulator(db_path: str = MEMORY) -> dict[str, Any]:
         import logging
 
         logging.getLogger("fakesnow.server").setLevel(logging.WARNING)
+        # fakesnow's advice to its own callers (it copies rows to Arrow for the connector's
+        # fetch_arrow_all): not something a cdcflow user can act on
+        warnings.filterwarnings(
+            "ignore", message="Arrow output on a DB-API result", category=UserWarning
+        )
         if db_path != MEMORY:
             Path(db_path).mkdir(parents=True, exist_ok=True)
             # every session of the server shares this one instance (the module's default is an
