@@ -11,9 +11,17 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdcflow.layers.validation import validate_silver
-from cdcflow.model.contracts import CUSTOMERS, ColumnSpec, TableContract
+from cdcflow.model.contracts import (
+    CUSTOMERS,
+    ColumnSpec,
+    TableContract,
+    check_constraints,
+    constraint_violations,
+)
 from tests.conftest import Lake, ev, full
 from tests.crashkit import config_file
 from tests.test_cli import cdcflow
@@ -176,3 +184,36 @@ def test_cli_before_any_run_is_one_line_exit_2(tmp_path: Path) -> None:
 def test_a_malformed_reference_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="references"):
         ColumnSpec(name="x", references=bad)
+
+
+@settings(max_examples=60)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.none() | st.decimals(min_value=-5, max_value=5, places=2),
+            st.none() | st.sampled_from(["CHECKING", "SAVINGS", "LOAN", "checking"]),
+            st.none() | st.sampled_from(["FR76ABC", "fr76abc", "DE00X", "1", ""]),
+            st.none() | st.dates(min_value=date(2029, 12, 30), max_value=date(2030, 1, 3)),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_validate_judges_every_value_as_ingestion_does(rows: list[tuple]) -> None:
+    """Each live row is reported under exactly the rules ``constraint_violations`` finds for its
+    values (the rules ingestion quarantines by: ``check_constraints`` = the first of them)."""
+    frame = _accounts(
+        [(i, "C-1", b, k, iban, d, False) for i, (b, k, iban, d) in enumerate(rows, start=1)]
+    )
+    report = validate_silver(ACCOUNTS, frame, {"customers": _customers("C-1")})
+    got = {(v.column, v.rule): v.rows for v in report.violations}
+    want: dict[tuple[str, str], int] = {}
+    for values in rows:
+        for name, value in zip(("balance", "kind", "iban", "opened_on"), values, strict=True):
+            spec = ACCOUNTS.column(name)
+            broken = constraint_violations(spec, value)
+            first = check_constraints(spec, value)
+            assert first == (broken[0][1] if broken else None)
+            for rule, _ in broken:
+                want[(name, rule)] = want.get((name, rule), 0) + 1
+    assert got == want

@@ -40,6 +40,11 @@ cat > "$work/pom.xml" <<POM
   </dependencies>
 </project>
 POM
-mvn -q -B -Dstyle.color=never -f "$work/pom.xml" dependency:copy-dependencies \
-    -DincludeScope=runtime -DoutputDirectory="$(cd "$TARGET" && pwd)"
+# Maven 3.8 prints colour resets even with -B and style.color=never: its output goes to a log,
+# shown (without escape codes) only when it fails
+if ! mvn -q -B -Dstyle.color=never -f "$work/pom.xml" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$(cd "$TARGET" && pwd)" >"$work/mvn.log" 2>&1; then
+    sed 's/\x1b\[[0-9;]*m//g' "$work/mvn.log" >&2
+    exit 1
+fi
 ls "$TARGET"

@@ -30,7 +30,12 @@ from typing import Any
 import polars as pl
 import re2
 
-from cdcflow.model.contracts import ColumnSpec, TableContract, coerce
+from cdcflow.model.contracts import (
+    CONSTRAINT_RULES,
+    ColumnSpec,
+    TableContract,
+    constraint_violations,
+)
 
 #: How many example keys a violation carries.
 EXAMPLES = 5
@@ -99,29 +104,25 @@ def _re2_misses(values: pl.Series, pattern: str) -> set[Any]:
     return {v for v in values.drop_nulls().unique() if compiled.fullmatch(str(v)) is None}
 
 
-def _column_rules(spec: ColumnSpec) -> list[tuple[str, str, pl.Expr | None, str | None]]:
-    """(rule, detail, expression true on a breaking row, RE2 pattern) of the column's rules."""
+def _column_violations(spec: ColumnSpec, values: pl.Series) -> list[tuple[str, str, pl.Expr]]:
+    """(rule, detail, expression true on a breaking row) of every rule the column's distinct
+    values break, in :data:`~cdcflow.model.contracts.CONSTRAINT_RULES` order.
+
+    Each distinct value is judged by :func:`~cdcflow.model.contracts.constraint_violations`, the
+    rule set ingestion quarantines by, so validate and ingestion cannot disagree on a value.
+    """
+    broken: dict[tuple[str, str], list[Any]] = {}
+    for value in values.unique().to_list():
+        for rule, detail in constraint_violations(spec, value):
+            broken.setdefault((rule, detail), []).append(value)
     col = pl.col(spec.name)
-    rules: list[tuple[str, str, pl.Expr | None, str | None]] = []
-    if not spec.nullable:
-        rules.append(("NOT_NULL", f"{spec.name} must not be null", col.is_null(), None))
-    if spec.allowed_values is not None:
-        allowed = list(spec.allowed_values)
-        detail = f"{spec.name} is not one of {', '.join(allowed)}"
-        rules.append(("ALLOWED_VALUES", detail, ~col.cast(pl.String).is_in(allowed), None))
-    if spec.pattern is not None:
-        detail = f"{spec.name} does not match its pattern {spec.pattern!r}"
-        rules.append(("PATTERN", detail, None, spec.pattern))
-    for rule, bound, broken in (
-        ("MINIMUM", spec.minimum, lambda limit: col < limit),
-        ("MAXIMUM", spec.maximum, lambda limit: col > limit),
-    ):
-        if bound is not None:
-            limit = pl.lit(coerce(bound, spec.type))
-            rules.append(
-                (rule, f"{spec.name} is outside its {rule.lower()} {bound}", broken(limit), None)
-            )
-    return rules
+    found = []
+    for (rule, detail), bad in broken.items():
+        if rule == "NOT_NULL":
+            found.append((rule, detail, col.is_null()))
+        else:
+            found.append((rule, detail, col.is_in(pl.Series(bad, dtype=values.dtype).implode())))
+    return sorted(found, key=lambda item: CONSTRAINT_RULES.index(item[0]))
 
 
 def validate_silver(
@@ -179,14 +180,8 @@ def validate_silver(
     for spec in contract.attributes:
         if spec.name not in live.columns:
             continue
-        for rule, detail, expr, column_pattern in _column_rules(spec):
-            if column_pattern is not None:
-                misses = _re2_misses(live[spec.name], column_pattern)
-                broken = live.filter(pl.col(spec.name).is_in(list(misses)))
-            else:
-                assert expr is not None
-                broken = live.filter(expr.fill_null(False))
-            add(spec.name, rule, detail, broken)
+        for rule, detail, expr in _column_violations(spec, live[spec.name]):
+            add(spec.name, rule, detail, live.filter(expr.fill_null(False)))
         if spec.references is not None:
             table, column = spec.references.split(".", 1)
             target = (others or {}).get(table)

@@ -32,6 +32,7 @@ names the column and the type, never the value (``shared/SEMANTICS.md`` point 13
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from datetime import date, timedelta
@@ -391,30 +392,63 @@ CUSTOMERS = TableContract(
 )
 
 
-def check_constraints(spec: ColumnSpec, stored: Any) -> str | None:
-    """The constraint a stored (coerced, normalised) value breaks, as a detail, or None.
+#: The rules of a column's constraints, in the order they are checked (``cdcflow validate``
+#: reports them under these names; ingestion quarantines on the first one broken).
+CONSTRAINT_RULES = ("NOT_NULL", "ALLOWED_VALUES", "PATTERN", "MINIMUM", "MAXIMUM")
 
-    The detail names the column and the constraint, never the value.
+
+def constraint_violations(spec: ColumnSpec, stored: Any) -> list[tuple[str, str]]:
+    """Every constraint of ``spec`` that a stored value breaks, in :data:`CONSTRAINT_RULES` order.
+
+    The one definition of the column rules: ingestion (:func:`check_constraints`, first rule
+    only) and ``cdcflow validate`` (:mod:`cdcflow.layers.validation`, every rule, over the
+    distinct values of a Silver column) both call it, so the two cannot drift.
+
+    Args:
+        spec: the column's contract.
+        stored: the value as stored: coerced to the column's type and normalised (None = null).
+
+    Returns:
+        (rule, detail) pairs; the detail names the column and the constraint, never the value.
+        Empty when the value is valid.
     """
     if stored is None:
-        return None if spec.nullable else f"{spec.name} must not be null"
+        return [] if spec.nullable else [("NOT_NULL", f"{spec.name} must not be null")]
+    broken: list[tuple[str, str]] = []
     if spec.allowed_values is not None and str(stored) not in spec.allowed_values:
-        return f"{spec.name} is not one of {', '.join(spec.allowed_values)}"
-    if spec.pattern is not None:
-        options = re2.Options()
-        options.log_errors = False
-        if re2.compile(spec.pattern, options).fullmatch(str(stored)) is None:
-            return f"{spec.name} does not match its pattern {spec.pattern!r}"
-    for bound, name, broken in (
-        (spec.minimum, "minimum", lambda v, b: v < b),
-        (spec.maximum, "maximum", lambda v, b: v > b),
+        broken.append(
+            ("ALLOWED_VALUES", f"{spec.name} is not one of {', '.join(spec.allowed_values)}")
+        )
+    if spec.pattern is not None and _re2(spec.pattern).fullmatch(str(stored)) is None:
+        broken.append(("PATTERN", f"{spec.name} does not match its pattern {spec.pattern!r}"))
+    for rule, bound, outside in (
+        ("MINIMUM", spec.minimum, lambda v, b: v < b),
+        ("MAXIMUM", spec.maximum, lambda v, b: v > b),
     ):
         if bound is None:
             continue
         limit = coerce(bound, spec.type)  # checked when the contract was loaded
-        if broken(stored, limit):
-            return f"{spec.name} is outside its {name} {bound}"
-    return None
+        if outside(stored, limit):
+            broken.append((rule, f"{spec.name} is outside its {rule.lower()} {bound}"))
+    return broken
+
+
+@functools.lru_cache(maxsize=256)
+def _re2(pattern: str) -> Any:
+    """The compiled RE2 pattern (compiled once per pattern; errors not logged by RE2)."""
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
+def check_constraints(spec: ColumnSpec, stored: Any) -> str | None:
+    """The first constraint a stored (coerced, normalised) value breaks, as a detail, or None.
+
+    The detail names the column and the constraint, never the value
+    (:func:`constraint_violations`).
+    """
+    broken = constraint_violations(spec, stored)
+    return broken[0][1] if broken else None
 
 
 def normalise(spec: ColumnSpec, stored: Any) -> Any:
@@ -425,6 +459,7 @@ def normalise(spec: ColumnSpec, stored: Any) -> Any:
 
 
 __all__ = [
+    "CONSTRAINT_RULES",
     "CUSTOMERS",
     "ColumnSpec",
     "TableContract",
@@ -432,6 +467,7 @@ __all__ = [
     "TypeMismatch",
     "check_constraints",
     "coerce",
+    "constraint_violations",
     "normalise",
     "parse_type",
 ]
