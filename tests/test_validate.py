@@ -211,7 +211,7 @@ def test_validate_judges_every_value_as_ingestion_does(rows: list[tuple]) -> Non
     for values in rows:
         for name, value in zip(("balance", "kind", "iban", "opened_on"), values, strict=True):
             spec = ACCOUNTS.column(name)
-            broken = constraint_violations(spec, value)
+            broken = list(constraint_violations(spec, value))
             first = check_constraints(spec, value)
             assert first == (broken[0][1] if broken else None)
             for rule, _ in broken:

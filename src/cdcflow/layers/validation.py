@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import polars as pl
-import re2
 
 from cdcflow.model.contracts import (
     CONSTRAINT_RULES,
     ColumnSpec,
     TableContract,
+    compile_re2,
     constraint_violations,
 )
 
@@ -98,9 +98,7 @@ def _key_text(contract: TableContract) -> pl.Expr:
 
 def _re2_misses(values: pl.Series, pattern: str) -> set[Any]:
     """The distinct non-null values of ``values`` that do not fully match ``pattern``."""
-    options = re2.Options()
-    options.log_errors = False
-    compiled = re2.compile(pattern, options)
+    compiled = compile_re2(pattern)
     return {v for v in values.drop_nulls().unique() if compiled.fullmatch(str(v)) is None}
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Iterator
 from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any, Literal
@@ -229,10 +230,8 @@ class ColumnSpec(_Strict):
     @classmethod
     def _re2_pattern(cls, value: str | None) -> str | None:
         if value is not None:
-            options = re2.Options()
-            options.log_errors = False
             try:
-                re2.compile(value, options)
+                compile_re2(value)
             except re2.error as exc:
                 raise ValueError(f"not an RE2 pattern: {exc}") from None
         return value
@@ -397,30 +396,29 @@ CUSTOMERS = TableContract(
 CONSTRAINT_RULES = ("NOT_NULL", "ALLOWED_VALUES", "PATTERN", "MINIMUM", "MAXIMUM")
 
 
-def constraint_violations(spec: ColumnSpec, stored: Any) -> list[tuple[str, str]]:
+def constraint_violations(spec: ColumnSpec, stored: Any) -> Iterator[tuple[str, str]]:
     """Every constraint of ``spec`` that a stored value breaks, in :data:`CONSTRAINT_RULES` order.
 
-    The one definition of the column rules: ingestion (:func:`check_constraints`, first rule
-    only) and ``cdcflow validate`` (:mod:`cdcflow.layers.validation`, every rule, over the
+    The one definition of the column rules: ingestion (:func:`check_constraints`, which stops at
+    the first) and ``cdcflow validate`` (:mod:`cdcflow.layers.validation`, every rule, over the
     distinct values of a Silver column) both call it, so the two cannot drift.
 
     Args:
         spec: the column's contract.
         stored: the value as stored: coerced to the column's type and normalised (None = null).
 
-    Returns:
-        (rule, detail) pairs; the detail names the column and the constraint, never the value.
-        Empty when the value is valid.
+    Yields:
+        (rule, detail) pairs, lazily; the detail names the column and the constraint, never the
+        value. Nothing when the value is valid.
     """
     if stored is None:
-        return [] if spec.nullable else [("NOT_NULL", f"{spec.name} must not be null")]
-    broken: list[tuple[str, str]] = []
+        if not spec.nullable:
+            yield "NOT_NULL", f"{spec.name} must not be null"
+        return
     if spec.allowed_values is not None and str(stored) not in spec.allowed_values:
-        broken.append(
-            ("ALLOWED_VALUES", f"{spec.name} is not one of {', '.join(spec.allowed_values)}")
-        )
-    if spec.pattern is not None and _re2(spec.pattern).fullmatch(str(stored)) is None:
-        broken.append(("PATTERN", f"{spec.name} does not match its pattern {spec.pattern!r}"))
+        yield "ALLOWED_VALUES", f"{spec.name} is not one of {', '.join(spec.allowed_values)}"
+    if spec.pattern is not None and compile_re2(spec.pattern).fullmatch(str(stored)) is None:
+        yield "PATTERN", f"{spec.name} does not match its pattern {spec.pattern!r}"
     for rule, bound, outside in (
         ("MINIMUM", spec.minimum, lambda v, b: v < b),
         ("MAXIMUM", spec.maximum, lambda v, b: v > b),
@@ -429,13 +427,16 @@ def constraint_violations(spec: ColumnSpec, stored: Any) -> list[tuple[str, str]
             continue
         limit = coerce(bound, spec.type)  # checked when the contract was loaded
         if outside(stored, limit):
-            broken.append((rule, f"{spec.name} is outside its {rule.lower()} {bound}"))
-    return broken
+            yield rule, f"{spec.name} is outside its {rule.lower()} {bound}"
 
 
 @functools.lru_cache(maxsize=256)
-def _re2(pattern: str) -> Any:
-    """The compiled RE2 pattern (compiled once per pattern; errors not logged by RE2)."""
+def compile_re2(pattern: str) -> Any:
+    """``pattern`` compiled by RE2, once per pattern, without RE2 logging its own errors.
+
+    Raises:
+        re2.error: not an RE2 pattern.
+    """
     options = re2.Options()
     options.log_errors = False
     return re2.compile(pattern, options)
@@ -447,8 +448,8 @@ def check_constraints(spec: ColumnSpec, stored: Any) -> str | None:
     The detail names the column and the constraint, never the value
     (:func:`constraint_violations`).
     """
-    broken = constraint_violations(spec, stored)
-    return broken[0][1] if broken else None
+    first = next(constraint_violations(spec, stored), None)
+    return first[1] if first is not None else None
 
 
 def normalise(spec: ColumnSpec, stored: Any) -> Any:
@@ -467,6 +468,7 @@ __all__ = [
     "TypeMismatch",
     "check_constraints",
     "coerce",
+    "compile_re2",
     "constraint_violations",
     "normalise",
     "parse_type",

@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import re2
-
 from cdcflow.model.contracts import (
     ColumnSpec,
     TableContract,
     TypeMismatch,
     check_constraints,
     coerce,
+    compile_re2,
     normalise,
 )
 from cdcflow.model.events import OPERATION_ALIASES, Operation, sequence_of
@@ -135,10 +134,8 @@ class ContractValidator:
             f"later than processing time {processing_time.isoformat()} + "
             f"processing.max_clock_skew ({max_clock_skew})"
         )
-        options = re2.Options()
-        options.log_errors = False
         self._key_patterns = {
-            name: re2.compile(pattern, options) for name, pattern in contract.key_patterns.items()
+            name: compile_re2(pattern) for name, pattern in contract.key_patterns.items()
         }
         self._keys = [contract.column(name) for name in contract.keys]
         attributes = contract.attributes
