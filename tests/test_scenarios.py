@@ -79,6 +79,53 @@ def test_delete_hard_mode_and_tombstone(hard_lake: Lake) -> None:
     assert hard_lake.silver() == hard_lake.expected().rows
 
 
+def test_tombstones_past_retention_are_purged(hard_lake: Lake) -> None:
+    # retention 0: a tombstone is expired from the first micro-batch after the one that wrote it
+    hard_lake.config.processing.tombstone_retention = timedelta(0)
+    hard_lake.write([ev("E1", "C-1", "INSERT", "0/10", minutes_ago=60, **full())])
+    hard_lake.write([ev("E2", "C-1", "DELETE", "0/20", minutes_ago=10)])
+    hard_lake.run()
+    tombs = hard_lake.table("silver/customer_tombstones")
+    assert tombs["customer_id"].to_list() == ["C-1"]  # its own batch: not older than the cutoff
+    hard_lake.write([ev("E5", "C-5", "INSERT", "0/50", minutes_ago=5, **full())])
+    hard_lake.run()
+    assert hard_lake.table("silver/customer_tombstones").height == 0
+    # purged: a late UPDATE older than the DELETE is no longer refused (the retention's price)
+    hard_lake.write([ev("E3", "C-1", "UPDATE", "0/15", minutes_ago=20, city="Lyon")])
+    hard_lake.run()
+    assert hard_lake.outcomes()["E3"] == ["APPLIED"]
+    assert hard_lake.silver()["C-1"]["city"] == "Lyon"
+
+
+def test_tombstone_statistics_tell_when_nothing_is_expired(tmp_path: Path) -> None:
+    """The Spark engine's purge asks the Delta file statistics first (no Spark job)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from cdcflow.engines.spark.engine import _nothing_expired
+    from cdcflow.layers.tables import TOMBSTONES
+
+    table = DeltaTable.create(str(tmp_path / "t"), schema=TOMBSTONES.schema)
+    assert _nothing_expired(table, NOW)  # no file: nothing to purge
+    row = {
+        "customer_id": "C-1",
+        "_cdc_seq": "s",
+        "deleted_at": NOW,
+        "last_event_id": "E1",
+        "last_lsn": "1",
+        "tombstoned_at": NOW - timedelta(hours=1),
+    }
+    write_deltalake(table, pa.Table.from_pylist([row], schema=TOMBSTONES.schema), mode="append")
+    later = NOW + timedelta(hours=1)
+    write_deltalake(
+        table,
+        pa.Table.from_pylist([{**row, "tombstoned_at": later}], schema=TOMBSTONES.schema),
+        mode="append",
+    )
+    assert _nothing_expired(table, NOW - timedelta(hours=1))  # equal to the cutoff: kept
+    assert not _nothing_expired(table, NOW)  # the first file's minimum is before it
+
+
 def test_insert_and_two_updates_in_one_batch(lake: Lake) -> None:
     lake.write(
         [

@@ -86,22 +86,27 @@ class DeltaStore:
         self.uri_of = uri_of
         self.storage_options = storage_options or None
         self._pinned: dict[str, DeltaTable] | None = None
+        #: objects of earlier blocks, brought up to date on their first use in the next one
+        self._kept: dict[str, DeltaTable] = {}
 
     @contextmanager
     def pinned(self) -> Iterator[None]:
-        """Within the block, :meth:`table` opens each table once and returns that object again.
+        """Within the block, :meth:`table` returns one object per table, at its latest version.
 
         delta-rs moves a table object to the version of each commit it writes itself (append,
         MERGE, delete), so the object stays the latest version as long as the block is the
         only writer of the table: a micro-batch under the checkpoint's lock. Opening a table
-        replays its log, a few milliseconds each; a micro-batch asks for its tables about twenty
-        times. Leaving the block forgets the objects (the next block opens them again, seeing
-        what other processes wrote in between).
+        replays its log (about 8 ms for a table of a few dozen commits); a micro-batch asks for
+        its tables about twenty times. An object outlives the block: its first use in the next
+        block reads only the commits written since (``update_incremental``, under 1 ms), which
+        also takes in what other writers (Gold refresh, optimize, another process) committed
+        in between.
         """
         self._pinned = {}
         try:
             yield
         finally:
+            self._kept.update(self._pinned)
             self._pinned = None
 
     def ensure(self, spec: TableSpec) -> None:
@@ -131,18 +136,24 @@ class DeltaStore:
                 raise unwritable_root(uri, exc) from exc
 
     def forget(self) -> None:
-        """Inside :meth:`pinned`: drop the objects opened so far (before another writer of the
-        same tables commits, e.g. an automatic optimize); the next :meth:`table` opens anew."""
+        """Inside :meth:`pinned`: before another writer of the same tables commits (e.g. an
+        automatic optimize), so that the next :meth:`table` brings its object up to date."""
         if self._pinned is not None:
+            self._kept.update(self._pinned)
             self._pinned.clear()
 
     def table(self, spec: TableSpec) -> DeltaTable:
-        """Open the latest version of a table (inside :meth:`pinned`: its one object)."""
+        """Open the latest version of a table (inside :meth:`pinned`: its one object, the table
+        created empty first if missing)."""
         if self._pinned is None:
             return DeltaTable(self.uri_of[spec.name], storage_options=self.storage_options)
         table = self._pinned.get(spec.name)
         if table is None:
-            table = DeltaTable(self.uri_of[spec.name], storage_options=self.storage_options)
+            table = self._kept.pop(spec.name, None)
+            if table is None:
+                table = self.open(spec)
+            else:
+                table.update_incremental()
             self._pinned[spec.name] = table
         return table
 

@@ -36,6 +36,7 @@ from cdcflow.engines.local.delta import (
     txn_done,
 )
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
+from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.layers.tables import (
     ALL_TABLES,
     BATCH_LOG,
@@ -67,8 +68,8 @@ class LocalEngine:
         self.config = config
         self.mode = config.processing.delete_mode
         self.app_id = f"cdcflow-{config.pipeline.name}"
-        self.store = DeltaStore(
-            {spec.name: config.table_uri(spec.name) for spec in ALL_TABLES},
+        self.store = DeltaStore(  # Gold too: the refresh after a batch uses the batch's objects
+            {spec.name: config.table_uri(spec.name) for spec in (*ALL_TABLES, *GOLD_TABLES)},
             config.storage.options,
         )
         for spec in ALL_TABLES:
@@ -423,9 +424,8 @@ class LocalEngine:
                 batch_id,
             )
         crash_point("after_history", batch_id)
-        with report.stage("gold"):
-            self.store.forget()  # the Gold refresh and an automatic optimize write on their own
-            after_batch(self.config, self.app_id, batch_id)
+        with report.stage("gold"):  # through this batch's table objects (optimize: its own)
+            after_batch(self.config, self.app_id, batch_id, self.store)
 
         if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
             from cdcflow.sinks.snowflake.inline import sync_after_batch

@@ -230,7 +230,10 @@ def _schema_differs(table: DeltaTable, spec: TableSpec) -> bool:
 
 
 def refresh_gold(
-    config: CdcflowConfig, app_id: str | None = None, batch_id: int | None = None
+    config: CdcflowConfig,
+    app_id: str | None = None,
+    batch_id: int | None = None,
+    store: DeltaStore | None = None,
 ) -> dict[str, int]:
     """Recompute and overwrite every Gold table from ``silver/customer_history``.
 
@@ -239,12 +242,18 @@ def refresh_gold(
         app_id: pipeline app id; with ``batch_id``, the refresh carries the app transaction
             (``<app_id>-gold``, batch_id) and is skipped for a table that already holds it.
         batch_id: micro-batch id, or None for a manual refresh (always written).
+        store: the local engine's store, inside its :meth:`DeltaStore.pinned` block (the
+            micro-batch's table objects); None opens the tables.
 
     Returns:
         Table name → number of rows written (skipped tables are absent).
     """
-    store = _store(config)
-    tables = {spec.name: store.open(spec) for spec in (HISTORY, *GOLD_TABLES)}
+    specs = (HISTORY, *GOLD_TABLES)
+    if store is None:
+        opened = _store(config)
+        tables = {spec.name: opened.open(spec) for spec in specs}
+    else:
+        tables = {spec.name: store.table(spec) for spec in specs}
     gold_app = f"{app_id}-gold" if app_id is not None else None
     todo = [
         spec
@@ -281,15 +290,26 @@ def refresh_gold(
     return written
 
 
-def after_batch(config: CdcflowConfig, app_id: str, batch_id: int) -> None:
-    """Post-batch hook: Gold refresh and automatic optimize, per the configured policies."""
+def after_batch(
+    config: CdcflowConfig, app_id: str, batch_id: int, store: DeltaStore | None = None
+) -> None:
+    """Post-batch hook: Gold refresh and automatic optimize, per the configured policies.
+
+    Args:
+        config: the pipeline configuration.
+        app_id: the pipeline's app id (Gold commits carry ``<app_id>-gold``, ``batch_id``).
+        batch_id: the micro-batch just written.
+        store: the local engine's store inside its pinned block (see :func:`refresh_gold`).
+    """
     every = config.gold.refresh_every_batches
     if every and (batch_id + 1) % every == 0:
-        refresh_gold(config, app_id, batch_id)
+        refresh_gold(config, app_id, batch_id, store)
     every = config.maintenance.optimize_every_batches
     if every and (batch_id + 1) % every == 0:
         from cdcflow.engines.local.maintenance import optimize
 
+        if store is not None:
+            store.forget()  # optimize commits through table objects of its own
         optimize(config)
 
 

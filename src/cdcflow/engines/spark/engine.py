@@ -105,6 +105,7 @@ class SparkEngine:
         self._ids_file = self.spark_checkpoint / "cdcflow_batch_ids.json"
         self._stop = threading.Event()
         self._cached: list[DataFrame] = []  # per-batch caches, released when the batch ends
+        self._schemas: dict[str, Any] = {}  # table name -> its Delta schema (StructType)
         self._on_batch: Callable[[BatchReport], None] = lambda report: None
 
     def run_batch(self, offsets: BatchOffsets) -> BatchReport:
@@ -264,7 +265,10 @@ class SparkEngine:
             return
         from pyspark.sql import functions as F
 
-        target = self.spark.read.format("delta").load(self.config.table_uri(spec.name)).schema
+        target = self._schemas.get(spec.name)
+        if target is None:  # a table's schema is read once per run (a snapshot load each)
+            uri = self.config.table_uri(spec.name)
+            target = self._schemas[spec.name] = self.spark.read.format("delta").load(uri).schema
         cols = [F.col(f.name).cast(f.dataType).alias(f.name) for f in target.fields]
         (
             frame.select(*cols)
@@ -420,19 +424,24 @@ class SparkEngine:
                 "event_id",
                 "customer_id",
             )
-            counts = classified.agg(
-                F.count("*").alias("candidates"),
-                F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
-                F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
-                *[
-                    F.count(
-                        F.when((F.col("_class") == "first") & (F.col("operation") == op), 1)
-                    ).alias(op)
-                    for op in ("INSERT", "UPDATE", "DELETE")
-                ],
-            ).first()
-            received = records.count()
+            # one job: the classified rows' counts beside the number of records received
+            counts = (
+                classified.agg(
+                    F.count("*").alias("candidates"),
+                    F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
+                    F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
+                    *[
+                        F.count(
+                            F.when((F.col("_class") == "first") & (F.col("operation") == op), 1)
+                        ).alias(op)
+                        for op in ("INSERT", "UPDATE", "DELETE")
+                    ],
+                )
+                .crossJoin(records.agg(F.count("*").alias("received")))
+                .first()
+            )
             assert counts is not None
+            received = counts["received"]
         report.records_received = received
         report.accepted = counts["candidates"] - counts["conflicts"]
         report.quarantined = received - report.accepted
@@ -758,12 +767,41 @@ class SparkEngine:
         if self._txn(TOMBSTONES, batch_id, purge_app):
             return
         cutoff = processing_time - self.config.processing.tombstone_retention
+        if _nothing_expired(self.store.table(TOMBSTONES), cutoff):  # no Spark job
+            return
         expired = F.col("tombstoned_at") < F.lit(cutoff).cast("timestamp")
         if self._read(TOMBSTONES).filter(expired).limit(1).count() == 0:
             return
         table = DeltaTable.forPath(self.spark, self.config.table_uri(TOMBSTONES.name))
         with self._txn_conf(purge_app, batch_id):
             table.delete(expired)
+
+
+def _nothing_expired(table: Any, cutoff: datetime) -> bool:
+    """True when the Delta file statistics of ``table`` prove no row is older than ``cutoff``.
+
+    Args:
+        table: the tombstone table (a delta-rs ``DeltaTable``).
+        cutoff: the retention cutoff (UTC); a row with ``tombstoned_at < cutoff`` is expired.
+
+    Returns:
+        True when the table has no file, or when every file records a ``min.tombstoned_at``
+        statistic and none is before ``cutoff``; False when a row may be expired (a statistic
+        says so, or a file has none: only reading the rows can tell).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return True
+    if "min.tombstoned_at" not in actions.column_names:
+        return False
+    mins = actions.column("min.tombstoned_at")
+    if mins.null_count:
+        return False
+    oldest: datetime = pc.min(mins).as_py()
+    return (oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)) >= cutoff
 
 
 def _ns(modified: Any) -> int:
