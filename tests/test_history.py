@@ -14,7 +14,7 @@ from cdcflow.plan.history import HISTORY_COLUMNS
 from cdcflow.plan.reference import SILVER_COLUMNS
 from tests.conftest import Lake, ev, full
 from tests.oracle import Oracle
-from tests.test_property import streams
+from tests.test_property import FILES_PER_BATCH, streams
 
 
 def history(lake: Lake) -> dict[str, list[dict[str, Any]]]:
@@ -35,9 +35,9 @@ def expected(lake: Lake) -> dict[str, list[dict[str, Any]]]:
     return Oracle().timeline(lake.arrival, lake.mode)
 
 
-def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int]) -> None:
+def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int], max_files: int) -> None:
     records, cuts, seed = stream
-    lake = Lake(tmp, mode=mode, max_files=1)
+    lake = Lake(tmp, mode=mode, max_files=max_files)
     lake.config.gold.refresh_every_batches = 0  # history and Silver are checked, not Gold
     lake.write_stream(list(records), cuts, seed)
     lake.run("available-now")
@@ -56,9 +56,9 @@ def _run(tmp: Path, mode: str, stream: tuple[list[dict], list[int], int]) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 @settings(max_examples=15)
-@given(stream=streams())
-def test_history_matches_reference_timeline(tmp_path_factory, mode, stream) -> None:
-    _run(tmp_path_factory.mktemp(mode), mode, stream)
+@given(stream=streams(), max_files=FILES_PER_BATCH)
+def test_history_matches_reference_timeline(tmp_path_factory, mode, stream, max_files) -> None:
+    _run(tmp_path_factory.mktemp(mode), mode, stream, max_files)
 
 
 def test_late_event_fixes_both_neighbours(lake: Lake) -> None:
