@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import polars as pl
 import typer
 
 from cdcflow.errors import CdcflowError
+
+if TYPE_CHECKING:  # Polars is imported by the command itself (a fast --help and usage error)
+    import polars as pl
 
 #: Column order of the table output: what tells customers apart first, so that the columns a
 #: narrow terminal leaves out are the bookkeeping ones (JSON keeps the Silver order).
