@@ -104,6 +104,21 @@ def test_constraints_name_the_column_never_the_value() -> None:
     assert detail is not None and "secret-value" not in detail and "code" in detail
 
 
+def test_allowed_values_compare_as_values_of_the_column_type() -> None:
+    flag = ColumnSpec(name="flag", type="boolean", allowed_values=("true",))
+    assert check_constraints(flag, True) is None  # its text would be "True"
+    assert check_constraints(flag, False) == "flag is not one of true"
+    price = ColumnSpec(name="price", type="decimal(5,2)", allowed_values=("1.50", "2"))
+    assert check_constraints(price, Decimal("1.5")) is None
+    assert check_constraints(price, Decimal("2.00")) is None
+    assert check_constraints(price, Decimal("2.01")) == "price is not one of 1.50, 2"
+    day = ColumnSpec(name="day", type="date", allowed_values=("2024-01-02",))
+    assert check_constraints(day, date(2024, 1, 2)) is None
+    # a value the type cannot hold is refused when the contract is loaded, naming it
+    with pytest.raises(ValueError, match="allowed_values: 'maybe' is not a value of type boolean"):
+        ColumnSpec(name="flag", type="boolean", allowed_values=("maybe",))
+
+
 def test_customers_contract_is_todays_table() -> None:
     """The shipped contract describes exactly what the customers pipeline has always been."""
     assert CUSTOMERS.keys == ("customer_id",)

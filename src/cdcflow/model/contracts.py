@@ -245,6 +245,13 @@ class ColumnSpec(_Strict):
                     coerce(bound, self.type)
                 except TypeMismatch:
                     raise ValueError(f"{name} is not a value of type {self.type}") from None
+        for allowed in self.allowed_values or ():
+            try:
+                coerce(allowed, self.type)
+            except TypeMismatch:
+                raise ValueError(
+                    f"allowed_values: {allowed!r} is not a value of type {self.type}"
+                ) from None
         return self
 
     @property
@@ -415,7 +422,9 @@ def constraint_violations(spec: ColumnSpec, stored: Any) -> Iterator[tuple[str, 
         if not spec.nullable:
             yield "NOT_NULL", f"{spec.name} must not be null"
         return
-    if spec.allowed_values is not None and str(stored) not in spec.allowed_values:
+    if spec.allowed_values is not None and stored not in typed_allowed(
+        spec.allowed_values, spec.type
+    ):
         yield "ALLOWED_VALUES", f"{spec.name} is not one of {', '.join(spec.allowed_values)}"
     if spec.pattern is not None and compile_re2(spec.pattern).fullmatch(str(stored)) is None:
         yield "PATTERN", f"{spec.name} does not match its pattern {spec.pattern!r}"
@@ -428,6 +437,20 @@ def constraint_violations(spec: ColumnSpec, stored: Any) -> Iterator[tuple[str, 
         limit = coerce(bound, spec.type)  # checked when the contract was loaded
         if outside(stored, limit):
             yield rule, f"{spec.name} is outside its {rule.lower()} {bound}"
+
+
+@functools.lru_cache(maxsize=256)
+def typed_allowed(allowed: tuple[str, ...], type_text: str) -> frozenset[Any]:
+    """A column's ``allowed_values`` as stored values of its type, once per column.
+
+    A stored value is compared as a value of the column's type, not as text: ``"1.50"`` allows
+    the decimal 1.5 of a ``decimal(5,2)`` column, ``"true"`` the boolean True (whose text would
+    be ``"True"``). Strings compare as they are (after the column's ``normalize``).
+
+    Raises:
+        TypeMismatch: a value is not of the type (refused when the contract is loaded).
+    """
+    return frozenset(coerce(value, type_text) for value in allowed)
 
 
 @functools.lru_cache(maxsize=256)
