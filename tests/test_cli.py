@@ -12,20 +12,19 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from tests import forkrun
+
 
 def cdcflow(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``cdcflow <args>`` in a child process of its own (environment, folder, streams), forked
+    from the warm fork server of :mod:`tests.forkrun` (the console script's entry point without
+    three seconds of imports per command; ``python -m cdcflow`` and ``.venv/bin/cdcflow`` as a
+    shell runs them are covered by tests/test_docs.py and tests/test_cli_output.py)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "cdcflow", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return forkrun.run(list(args), full_env, cwd, timeout=300)
 
 
 CONFIG = """

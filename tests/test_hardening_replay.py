@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from cdcflow.errors import ConfigError
 from cdcflow.layers.tables import DELETE_MODE_PROPERTY
 from cdcflow.pipeline import Pipeline
 from cdcflow.state.faults import CRASH_EXIT_CODE, REPLAY_CRASH_POINTS
+from tests import forkrun
 from tests.conftest import Lake, ev, full, require_spark
 
 SILVER = "silver/customers"
@@ -48,13 +48,8 @@ def _cli(config: Path, *args: str, crash: str | None = None) -> subprocess.Compl
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
     if crash:
         env["CDCFLOW_CRASH_AT"] = crash
-    return subprocess.run(
-        [sys.executable, "-m", "cdcflow", *args, "--config", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    # a child forked from the warm fork server of tests/forkrun.py (no second import of Polars)
+    return forkrun.run([*args, "--config", str(config)], env, Path.cwd(), timeout=180)
 
 
 def _error(proc: subprocess.CompletedProcess[str]) -> str:

@@ -22,6 +22,7 @@ from cdcflow.engines.local.maintenance import optimize, optimize_between_runs
 from cdcflow.errors import CheckpointError, ConfigError, TableError
 from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.layers.tables import ALL_TABLES
+from tests import forkrun
 from tests.conftest import Lake, ev, full
 
 
@@ -121,14 +122,7 @@ def _hold_lock(location: str, seconds: float) -> subprocess.Popen[str]:
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
-    return subprocess.run(
-        [sys.executable, "-m", "cdcflow", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return forkrun.run(list(args), env, cwd, timeout=300)  # tests/forkrun.py: a warm fork
 
 
 def test_optimize_takes_the_checkpoint_lock(tmp_path: Path) -> None:
