@@ -98,15 +98,15 @@ def test_tombstones_past_retention_are_purged(hard_lake: Lake) -> None:
 
 
 def test_tombstone_statistics_tell_when_nothing_is_expired(tmp_path: Path) -> None:
-    """The Spark engine's purge asks the Delta file statistics first (no Spark job)."""
+    """Both engines' purge asks the Delta file statistics first (no scan, no Spark job)."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from cdcflow.engines.spark.engine import _nothing_expired
+    from cdcflow.engines.local.delta import nothing_expired
     from cdcflow.layers.tables import TOMBSTONES
 
     table = DeltaTable.create(str(tmp_path / "t"), schema=TOMBSTONES.schema)
-    assert _nothing_expired(table, NOW)  # no file: nothing to purge
+    assert nothing_expired(table, NOW)  # no file: nothing to purge
     row = {
         "customer_id": "C-1",
         "_cdc_seq": "s",
@@ -122,8 +122,8 @@ def test_tombstone_statistics_tell_when_nothing_is_expired(tmp_path: Path) -> No
         pa.Table.from_pylist([{**row, "tombstoned_at": later}], schema=TOMBSTONES.schema),
         mode="append",
     )
-    assert _nothing_expired(table, NOW - timedelta(hours=1))  # equal to the cutoff: kept
-    assert not _nothing_expired(table, NOW)  # the first file's minimum is before it
+    assert nothing_expired(table, NOW - timedelta(hours=1))  # equal to the cutoff: kept
+    assert not nothing_expired(table, NOW)  # the first file's minimum is before it
 
 
 def test_insert_and_two_updates_in_one_batch(lake: Lake) -> None:

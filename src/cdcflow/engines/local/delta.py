@@ -19,10 +19,12 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
@@ -156,6 +158,31 @@ class DeltaStore:
                 table.update_incremental()
             self._pinned[spec.name] = table
         return table
+
+
+def nothing_expired(table: DeltaTable, cutoff: datetime) -> bool:
+    """True when the Delta file statistics of a tombstone table prove no row is older than
+    ``cutoff`` (both engines check this before reading rows for the tombstone purge).
+
+    Args:
+        table: the tombstone table.
+        cutoff: the retention cutoff (UTC); a row with ``tombstoned_at < cutoff`` is expired.
+
+    Returns:
+        True when the table has no file, or when every file records a ``min.tombstoned_at``
+        statistic and none is before ``cutoff``; False when a row may be expired (a statistic
+        says so, or a file has none: only reading the rows can tell).
+    """
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return True
+    if "min.tombstoned_at" not in actions.column_names:
+        return False
+    mins = actions.column("min.tombstoned_at")
+    if mins.null_count:
+        return False
+    oldest: datetime = pc.min(mins).as_py()
+    return (oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)) >= cutoff
 
 
 def txn_done(table: DeltaTable, app_id: str, version: int) -> bool:

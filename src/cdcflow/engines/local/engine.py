@@ -31,6 +31,7 @@ from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
     commit_props,
+    nothing_expired,
     read_where_in,
     scan_table,
     txn_done,
@@ -263,8 +264,10 @@ class LocalEngine:
         purge_app = f"{self.app_id}-tombstone-purge"
         table = self.store.table(TOMBSTONES)
         cutoff = offsets.processing_time - self.config.processing.tombstone_retention
+        if txn_done(table, purge_app, batch_id) or nothing_expired(table, cutoff):
+            return
         expired = scan_table(table).filter(pl.col("tombstoned_at") < cutoff).select(pl.len())
-        if not txn_done(table, purge_app, batch_id) and expired.collect().item():
+        if expired.collect().item():
             table.delete(
                 f"tombstoned_at < '{cutoff.isoformat()}'",
                 commit_properties=commit_props(purge_app, batch_id),

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.delta import DeltaStore, txn_done
+from cdcflow.engines.local.delta import DeltaStore, nothing_expired, txn_done
 from cdcflow.errors import CheckpointError, ConfigError, LandingFileChangedError
 from cdcflow.layers.tables import (
     ALL_TABLES,
@@ -767,7 +767,7 @@ class SparkEngine:
         if self._txn(TOMBSTONES, batch_id, purge_app):
             return
         cutoff = processing_time - self.config.processing.tombstone_retention
-        if _nothing_expired(self.store.table(TOMBSTONES), cutoff):  # no Spark job
+        if nothing_expired(self.store.table(TOMBSTONES), cutoff):  # no Spark job
             return
         expired = F.col("tombstoned_at") < F.lit(cutoff).cast("timestamp")
         if self._read(TOMBSTONES).filter(expired).limit(1).count() == 0:
@@ -775,33 +775,6 @@ class SparkEngine:
         table = DeltaTable.forPath(self.spark, self.config.table_uri(TOMBSTONES.name))
         with self._txn_conf(purge_app, batch_id):
             table.delete(expired)
-
-
-def _nothing_expired(table: Any, cutoff: datetime) -> bool:
-    """True when the Delta file statistics of ``table`` prove no row is older than ``cutoff``.
-
-    Args:
-        table: the tombstone table (a delta-rs ``DeltaTable``).
-        cutoff: the retention cutoff (UTC); a row with ``tombstoned_at < cutoff`` is expired.
-
-    Returns:
-        True when the table has no file, or when every file records a ``min.tombstoned_at``
-        statistic and none is before ``cutoff``; False when a row may be expired (a statistic
-        says so, or a file has none: only reading the rows can tell).
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return True
-    if "min.tombstoned_at" not in actions.column_names:
-        return False
-    mins = actions.column("min.tombstoned_at")
-    if mins.null_count:
-        return False
-    oldest: datetime = pc.min(mins).as_py()
-    return (oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)) >= cutoff
 
 
 def _ns(modified: Any) -> int:
