@@ -190,18 +190,5 @@ def test_snowflake_sync_under_an_escaped_root(
     assert result.dim.target_rows == len(expected_outcome(summary.lines).state.rows)
 
 
-# ----------------------------------------------------------------------------- Spark engine
-@pytest.mark.spark
-def test_spark_engine_under_an_escaped_root(spark: Any, tmp_path: Path) -> None:
-    """Spark writes under a root with a space and non-ASCII characters; local continues it."""
-    from tests.test_spark_conformance import run_workload, same_tables, spark_lake, workload
-
-    odd = spark_lake(tmp_path / "sp ace" / "ü文件", mode="hard")
-    plain = Lake(tmp_path / "plain", mode="hard")
-    runs = workload("hard")
-    run_workload(odd, runs[:1])
-    odd.config.pipeline.engine = "local"  # the local engine reads what Spark wrote, and goes on
-    run_workload(odd, runs[1:])
-    run_workload(plain, runs)
-    same_tables(plain, odd)
-    assert odd.silver() == odd.expected().rows
+# The Spark engine under an escaped root: tests/test_spark_conformance.py
+# test_interop_engines_take_turns (its mixed lakehouse lives under such a root).

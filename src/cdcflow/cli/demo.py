@@ -27,7 +27,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-import polars as pl
 import typer
 import yaml
 from rich.table import Table
@@ -303,6 +302,7 @@ def next_commands(ctx: DemoContext) -> list[str]:
     Returns:
         Command lines, each working as pasted from the current folder.
     """
+    import polars as pl
     from deltalake import DeltaTable
 
     from cdcflow.engines.local.delta import scan_table

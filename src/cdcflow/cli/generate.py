@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -20,9 +20,9 @@ from cdcflow.cli.app import console
 from cdcflow.cli.progress import working
 from cdcflow.cli.tables import output_width
 from cdcflow.errors import CdcflowError
-from cdcflow.generator import GenerationSummary, GeneratorConfig, expected_outcome
-from cdcflow.generator import generate as write_events
-from cdcflow.reconcile import frame_from_reference, write_state_file
+
+if TYPE_CHECKING:
+    from cdcflow.generator import GenerationSummary
 
 NOTATIONS = ("postgres", "sqlserver", "decimal", "mixed")
 
@@ -46,6 +46,9 @@ def write_expected(
     """
     if delete_mode not in ("soft", "hard"):
         raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
+    from cdcflow.generator import expected_outcome
+    from cdcflow.reconcile import frame_from_reference, write_state_file
+
     outcome = expected_outcome(summary.lines, delete_mode, customer_id_pattern)  # type: ignore[arg-type]
     write_state_file(frame_from_reference(outcome.state), expected)
     counts = outcome.counts()
@@ -123,6 +126,9 @@ def generate(
     """
     if lsn_notation not in NOTATIONS:
         raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
+    from cdcflow.generator import GeneratorConfig
+    from cdcflow.generator import generate as write_events
+
     with working("generate: writing landing files"):
         summary = write_events(
             out,

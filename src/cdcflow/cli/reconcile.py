@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 from rich.table import Table
 
@@ -23,12 +22,11 @@ from cdcflow.cli.app import ConfigOption, console, load
 from cdcflow.config import CdcflowConfig
 from cdcflow.errors import CdcflowError, MissingDependencyError
 from cdcflow.plan.reference import SILVER_COLUMNS
-from cdcflow.reconcile import (
-    ReconcileReport,
-    read_state_file,
-    reconcile_snapshot,
-    reconcile_state,
-)
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from cdcflow.reconcile import ReconcileReport
 
 
 def read_silver(config: CdcflowConfig) -> pl.DataFrame:
@@ -53,6 +51,8 @@ def read_snowflake(config: CdcflowConfig) -> pl.DataFrame:
         CdcflowError: the Snowflake sink has no ``read_state`` reader.
     """
     import importlib
+
+    import polars as pl
 
     try:
         module = importlib.import_module("cdcflow.sinks.snowflake.reconcile")
@@ -94,6 +94,8 @@ def run_reconcile(
         raise CdcflowError("give exactly one of --expected FILE or --source-snapshot FILE")
     if target not in TARGETS:
         raise CdcflowError(f"--target: expected one of {sorted(TARGETS)}, got {target!r}")
+    from cdcflow.reconcile import read_state_file, reconcile_snapshot, reconcile_state
+
     actual = TARGETS[target](config)
     if expected is not None:
         frame = read_state_file(expected)

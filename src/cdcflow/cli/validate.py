@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.errors import CdcflowError
-from cdcflow.layers.validation import ValidationReport, validate_silver
 from cdcflow.model.contracts import TableContract
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from cdcflow.layers.validation import ValidationReport
 
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
@@ -50,6 +53,8 @@ def validate_lakehouse(config: CdcflowConfig) -> ValidationReport:
     Raises:
         CdcflowError: a contract's Silver table does not exist yet.
     """
+    from cdcflow.layers.validation import ValidationReport, validate_silver
+
     contracts = config.contracts()
     silver = {c.name: read_contract_silver(config, c) for c in contracts}
     report = ValidationReport()
