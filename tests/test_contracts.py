@@ -331,8 +331,15 @@ def test_typed_contract_tables() -> None:
     assert tables.silver.name == "silver/accounts" and tables.bronze.partition_by
 
 
-def test_a_run_refuses_declared_tables_it_cannot_run_yet(tmp_path: Path) -> None:
-    """Declared tables are never silently ignored: the run stops with a config error."""
+def test_a_run_takes_declared_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Declared tables are run (tests/test_tables_pipeline.py), never silently ignored: each
+    gets its Delta tables at its declared paths."""
+    from cdcflow.engines.local.contracts import LocalContractsEngine
+
+    monkeypatch.chdir(tmp_path)  # the config's relative paths
     config = load_config(_write(tmp_path, ACCOUNTS))
-    with pytest.raises(ConfigError, match="key 'tables': declares accounts, order_lines"):
-        Pipeline(config)
+    pipeline = Pipeline(config)
+    assert isinstance(pipeline.engine, LocalContractsEngine)
+    assert list(pipeline.engine.tables) == ["accounts", "order_lines"]
+    for name in ("silver/accounts", "bronze/order_lines_events", "silver/order_lines_tombstones"):
+        assert (tmp_path / "lake" / name / "_delta_log").is_dir(), name

@@ -76,17 +76,13 @@ class Pipeline:
     def __init__(self, config: CdcflowConfig, engine: Engine | None = None) -> None:
         """Set up a run of ``config``.
 
+        With a ``tables:`` section the engine is
+        :class:`cdcflow.engines.local.contracts.LocalContractsEngine` (every declared table in
+        each micro-batch, routed by ``metadata.source_table``).
+
         Raises:
-            ConfigError: the config declares ``tables:``: this version reads table contracts
-                but runs only the shipped customers contract, so declared tables would be
-                silently ignored.
+            ConfigError: the engine cannot run this config (e.g. Spark with declared tables).
         """
-        if config.tables:
-            names = ", ".join(table.name for table in config.tables)
-            raise ConfigError(
-                f"key 'tables': declares {names}, but this version runs only the shipped "
-                "customers contract; remove the tables: section to run it"
-            )
         self.config = config
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.engine = engine or get_engine(config)

@@ -118,9 +118,25 @@ def _main(
     set_log_format(log_format)
 
 
-def load(config_path: Path) -> CdcflowConfig:
-    """Load the config and set up logging (``logging`` section, ``--log-format``)."""
+def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
+    """Load the config and set up logging (``logging`` section, ``--log-format``).
+
+    Args:
+        config_path: the YAML file.
+        declared_tables: the command works on declared tables (a ``tables:`` section):
+            ``run`` and ``validate``; the others work on the shipped customers tables only.
+
+    Raises:
+        ConfigError: the file is invalid, or it declares tables and the command does not
+            work on them yet.
+    """
     config = load_config(config_path)
+    if config.tables and not declared_tables:
+        raise ConfigError(
+            f"{config_path}: key 'tables': this command works on the shipped customers tables "
+            "only yet (a config without tables:); declared tables run with `cdcflow run` and "
+            "`cdcflow validate`"
+        )
     setup_logging(config.logging.level, config.logging.file)
     return config
 
@@ -144,7 +160,7 @@ def run(
     from cdcflow.pipeline import Pipeline, Trigger
 
     parsed = Trigger.parse(trigger)
-    settings = load(config)
+    settings = load(config, declared_tables=True)
     try:
         pipeline = Pipeline(settings)
     except ConfigError as exc:  # a setting the run cannot honour: name the file too

@@ -81,7 +81,7 @@ def validate(
 
     if output not in OUTPUTS:
         raise CdcflowError(f"--output: expected table or json, got {output!r}")
-    cfg = load(config)
+    cfg = load(config, declared_tables=True)
     report = validate_lakehouse(cfg)
     if output == "json":
         console.print_json(json.dumps(report.to_json()))

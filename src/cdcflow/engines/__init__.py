@@ -41,6 +41,15 @@ def get_engine(config: CdcflowConfig) -> Engine:
     Raises:
         ConfigError: the engine is not available in this build.
     """
+    if config.tables:  # declared table contracts
+        if config.pipeline.engine != "local":
+            raise ConfigError(
+                f"pipeline.engine: {config.pipeline.engine!r} runs only the shipped customers "
+                "tables yet; declared tables (key 'tables') run with engine 'local'"
+            )
+        from cdcflow.engines.local.contracts import LocalContractsEngine
+
+        return LocalContractsEngine(config)
     if config.pipeline.engine == "local":
         from cdcflow.engines.local.engine import LocalEngine
 

@@ -63,7 +63,9 @@ def classify(
                         "DUPLICATE_EVENT_CONFLICT",
                         "event_id already received with different content",
                         event.event_id,
-                        event.customer_id,
+                        # a contract's event (plan.contract_rules.ChangeEvent) has a key tuple
+                        # instead; its quarantine row takes the key from the record
+                        getattr(event, "customer_id", None),
                     ),
                 )
             )

@@ -1,0 +1,427 @@
+"""Declared tables through the pipeline: ``tables:`` → every contract in one micro-batch loop.
+
+Two test contracts besides customers: ``accounts`` (an integer key; decimal, date, timestamp,
+boolean and double columns) and ``order_lines`` (a composite key: a string and an integer).
+Records are routed by ``metadata.source_table``; one table's bad records never block another.
+The property: whatever the arrival order, re-deliveries and file (micro-batch) boundaries,
+each table's Silver equals the contract's reference fold (:func:`cdcflow.plan.reference.
+fold_changes`) of its first-arriving valid copies, in both delete modes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.errors import ConfigError
+from cdcflow.model.contracts import TableContract
+from cdcflow.pipeline import Pipeline, Trigger
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.reference import fold_changes
+from tests import forkrun
+from tests.conftest import REPO
+from tests.crashkit import run_cli
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+TABLES = [
+    {
+        "name": "accounts",
+        "keys": ["account_id"],
+        "columns": [
+            {"name": "account_id", "type": "integer"},
+            {"name": "owner", "type": "string", "pii": True},
+            {"name": "balance", "type": "decimal(12,2)", "minimum": 0},
+            {"name": "opened_on", "type": "date"},
+            {"name": "closed_at", "type": "timestamp"},
+            {"name": "vip", "type": "boolean"},
+            {"name": "rate", "type": "double"},
+        ],
+    },
+    {
+        "name": "order_lines",
+        "keys": ["order_id", "line_no"],
+        "columns": [
+            {"name": "order_id", "type": "string"},
+            {"name": "line_no", "type": "integer"},
+            {"name": "sku", "type": "string", "pattern": "[A-Z]{3}-[0-9]+"},
+            {"name": "quantity", "type": "integer", "minimum": 1},
+            {"name": "attributes", "type": "json"},
+        ],
+    },
+]
+
+
+def write_config(root: Path, mode: str = "soft", **pipeline: Any) -> CdcflowConfig:
+    """A config declaring both test tables in ``mode``, its landing folder under ``root``."""
+    tables = [{**table, "delete_mode": mode} for table in TABLES]
+    raw = {
+        "pipeline": {"name": "shop", **pipeline},
+        "storage": {"root": str(root / "lake")},
+        "source": {"path": str(root / "landing"), "max_files_per_trigger": 1},
+        "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "shop")},
+        "tables": tables,
+    }
+    path = root / "cdcflow.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    (root / "landing").mkdir(exist_ok=True)
+    return load_config(path)
+
+
+def write_files(config: CdcflowConfig, files: list[list[str]]) -> None:
+    """Landing files in order (increasing modification times)."""
+    landing = Path(config.source.path)
+    start = len(list(landing.glob("*.jsonl")))
+    for i, lines in enumerate(files, start=start):
+        path = landing / f"{i:04d}.jsonl"
+        path.write_text("".join(line + "\n" for line in lines))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+def rec(
+    table: str, event_id: str, op: str, lsn: int, minutes_ago: int = 5, **fields: Any
+) -> dict[str, Any]:
+    return {
+        "event_id": event_id,
+        "operation": op,
+        "event_timestamp": (NOW - timedelta(minutes=minutes_ago)).isoformat(),
+        "metadata": {"lsn": lsn, "source_table": table, "tx_id": f"TX-{lsn}"},
+        **fields,
+    }
+
+
+def rows(config: CdcflowConfig, name: str) -> list[dict[str, Any]]:
+    return DeltaTable(config.table_uri(name)).to_pyarrow_table().to_pylist()
+
+
+def silver(config: CdcflowConfig, contract: TableContract) -> dict[tuple[Any, ...], dict]:
+    out = {}
+    for row in rows(config, contract.table_names.silver):
+        out[tuple(row[k] for k in contract.keys)] = row
+    return out
+
+
+def contract_of(config: CdcflowConfig, name: str) -> TableContract:
+    return next(c for c in config.contracts() if c.name == name)
+
+
+def expected_silver(
+    config: CdcflowConfig, lines: list[str], name: str
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The reference fold of ``name``'s first-arriving valid copies, in arrival order."""
+    contract = contract_of(config, name)
+    validator = ContractValidator(contract, NOW + timedelta(hours=1), timedelta(minutes=5))
+    first: dict[str, ChangeEvent] = {}
+    for line in lines:
+        record = json.loads(line)
+        if record.get("metadata", {}).get("source_table") != name:
+            continue
+        event = validator.validate_object(record)
+        if isinstance(event, ChangeEvent):
+            first.setdefault(event.event_id, event)
+    return fold_changes(first.values(), contract, contract.delete_mode).rows
+
+
+def assert_silver_is_the_fold(config: CdcflowConfig, lines: list[str]) -> None:
+    for name in ("accounts", "order_lines"):
+        want = expected_silver(config, lines, name)
+        got = silver(config, contract_of(config, name))
+        assert set(got) == set(want), name
+        for key, row in want.items():
+            assert {c: got[key][c] for c in row} == row, (name, key)
+
+
+# ----------------------------------------------------------------------------- scenarios
+def test_two_tables_typed_and_composite_keys(tmp_path: Path) -> None:
+    config = write_config(tmp_path, mode="hard")
+    batch0 = [
+        rec(
+            "accounts",
+            "A1",
+            "INSERT",
+            10,
+            account_id=1,
+            owner="Ann",
+            balance="10.50",
+            opened_on="2024-02-29",
+            vip=True,
+            rate=0.5,
+        ),
+        rec("accounts", "A2", "UPDATE", 30, account_id=1, balance=12),  # partial update
+        rec(
+            "public.order_lines",
+            "L1",
+            "INSERT",
+            11,
+            order_id="O-1",
+            line_no=1,
+            sku="ABC-1",
+            quantity=2,
+            attributes={"gift": True},
+        ),
+        rec("order_lines", "L2", "INSERT", 12, order_id="O-1", line_no=2, sku="ABC-2", quantity=1),
+        rec("accounts", "A3", "UPDATE", 31, account_id=1, balance=-1),  # below its minimum
+        rec("accounts", "A4", "INSERT", 32, account_id="x1", balance=1),  # key of another type
+        rec("accounts", "A5", "INSERT", 33, balance=1),  # no key
+        rec("order_lines", "L3", "INSERT", 13, order_id="O-2", line_no=1, quantity="many"),
+        rec("invoices", "I1", "INSERT", 14, invoice_id=1),  # no such table
+        "{not json",
+    ]
+    batch1 = [
+        rec("accounts", "A6", "UPDATE", 20, account_id=1, balance=99),  # stale: below LSN 30
+        json.dumps(
+            rec(
+                "accounts",
+                "A1",
+                "INSERT",
+                10,
+                account_id=1,
+                owner="Ann",
+                balance="10.50",
+                opened_on="2024-02-29",
+                vip=True,
+                rate=0.5,
+            )
+        ),
+        rec("order_lines", "L4", "DELETE", 15, order_id="O-1", line_no=2),  # hard delete
+        rec(
+            "order_lines", "L5", "INSERT", 16, order_id="O-1", line_no=2, sku="XYZ-9", quantity=5
+        ),  # revival after the tombstone
+        rec("order_lines", "L6", "UPDATE", 14, order_id="O-1", line_no=2, quantity=7),  # dead
+    ]
+    write_files(
+        config,
+        [
+            [r if isinstance(r, str) else json.dumps(r) for r in batch0],
+            [r if isinstance(r, str) else json.dumps(r) for r in batch1],
+        ],
+    )
+    reports = Pipeline(config).run(Trigger.parse("available-now"))
+    assert [r.batch_id for r in reports] == [0, 1]
+
+    accounts = silver(config, contract_of(config, "accounts"))
+    assert list(accounts) == [(1,)]
+    one = accounts[(1,)]
+    assert one["balance"] == Decimal("12.00") and one["owner"] == "Ann"  # partial update
+    assert one["opened_on"] == date(2024, 2, 29) and one["vip"] is True and one["rate"] == 0.5
+    assert one["last_event_id"] == "A2" and one["closed_at"] is None
+    lines = silver(config, contract_of(config, "order_lines"))
+    assert sorted(lines) == [("O-1", 1), ("O-1", 2)]
+    assert lines[("O-1", 1)]["attributes"] == '{"gift":true}'
+    revived = lines[("O-1", 2)]
+    assert (revived["sku"], revived["quantity"], revived["last_event_id"]) == ("XYZ-9", 5, "L5")
+    tombs = rows(config, "silver/order_lines_tombstones")
+    assert [(t["order_id"], t["line_no"], t["last_event_id"]) for t in tombs] == [("O-1", 2, "L4")]
+
+    quarantined = {r["source_line"]: r for r in rows(config, "quarantine/accounts_events")}
+    assert {n: (r["event_id"], r["failure_reason"]) for n, r in quarantined.items()} == {
+        5: ("A3", "SCHEMA_MISMATCH"),
+        6: (None, "INVALID_ACCOUNT_ID_FORMAT"),  # as customers: the key is checked first
+        7: (None, "NULL_ACCOUNT_ID"),
+    }
+    assert quarantined[5]["failure_detail"] == "balance is outside its minimum 0"
+    assert (quarantined[6]["account_id"], quarantined[7]["account_id"]) == ("x1", None)
+    line_q = rows(config, "quarantine/order_lines_events")
+    assert [(r["event_id"], r["failure_reason"], r["order_id"], r["line_no"]) for r in line_q] == [
+        ("L3", "SCHEMA_MISMATCH", "O-2", "1")
+    ]
+    assert line_q[0]["failure_detail"] == "quantity is not a value of type integer"
+    unrouted = sorted(rows(config, "quarantine/unrouted_events"), key=lambda r: r["source_line"])
+    assert [(r["source_line"], r["failure_reason"], r["source_table"]) for r in unrouted] == [
+        (9, "UNKNOWN_TABLE", "invoices"),
+        (10, "MALFORMED_JSON", None),
+    ]
+    bronze = sorted(rows(config, "bronze/accounts_events"), key=lambda r: r["ingested_at"])
+    bronze.sort(key=lambda r: (r["batch_id"], r["source_line"]))
+    assert [(r["event_id"], r["is_duplicate"], r["batch_id"]) for r in bronze] == [
+        ("A1", False, 0),
+        ("A2", False, 0),
+        ("A6", False, 1),
+        ("A1", True, 1),
+    ]
+    log = sorted(
+        rows(config, "audit/table_batch_log"), key=lambda r: (r["batch_id"], r["table_name"])
+    )
+    assert [(r["batch_id"], r["table_name"], r["accepted"], r["quarantined"]) for r in log] == [
+        (0, "accounts", 2, 3),
+        (0, "order_lines", 2, 1),
+        (1, "accounts", 2, 0),
+        (1, "order_lines", 3, 0),
+    ]
+    batch_log = sorted(rows(config, "audit/batch_log"), key=lambda r: r["batch_id"])
+    assert [(r["records_received"], r["accepted"], r["quarantined"]) for r in batch_log] == [
+        (10, 4, 6),
+        (5, 5, 0),
+    ]
+    # a further run reads nothing new and writes nothing
+    versions = {n: DeltaTable(config.table_uri(n)).version() for n in ("silver/accounts",)}
+    assert Pipeline(config).run(Trigger.parse("available-now")) == []
+    assert versions == {n: DeltaTable(config.table_uri(n)).version() for n in versions}
+
+
+def comparable(config: CdcflowConfig, name: str) -> list[str]:
+    """The rows of table ``name`` as sorted JSON texts, without the processing-time columns
+    (each run reads its own clock) and with landing paths reduced to the file name."""
+    clock = {"ingested_at", "quarantined_at", "tombstoned_at", "ingestion_date"}
+    out = []
+    for row in rows(config, name):
+        kept = {k: v for k, v in row.items() if k not in clock}
+        if "source_file" in kept:
+            kept["source_file"] = Path(kept["source_file"]).name
+        out.append(json.dumps(kept, default=str, sort_keys=True))
+    return sorted(out)
+
+
+def test_a_killed_run_recovers_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    """A real SIGKILL at each table-level commit of a micro-batch, then a restart."""
+    files = [
+        [
+            json.dumps(rec("accounts", f"A{i}", "INSERT", 10 + i, account_id=i, balance=i))
+            for i in range(3)
+        ]
+        + [json.dumps(rec("order_lines", "L1", "INSERT", 5, order_id="O", line_no=1, quantity=1))],
+        [
+            json.dumps(rec("accounts", "A9", "DELETE", 40, account_id=1)),
+            json.dumps(rec("order_lines", "L2", "DELETE", 41, order_id="O", line_no=1)),
+            json.dumps(rec("order_lines", "L3", "UPDATE", 42, order_id="O", line_no=1, sku="bad")),
+        ],
+    ]
+    reference = write_config(tmp_path / "reference", mode="hard")
+    write_files(reference, files)
+    Pipeline(reference).run(Trigger.parse("available-now"))
+
+    config = write_config(tmp_path / "killed", mode="hard")
+    write_files(config, files)
+    path = tmp_path / "killed" / "cdcflow.yaml"
+    for point in (
+        "after_bronze",
+        "after_quarantine",
+        "after_silver_merge",
+        "after_silver",
+        "after_outcomes",
+        "after_audit",
+        "after_commit",
+    ):
+        killed = run_cli(path, crash=f"{point}@1")
+        assert killed.returncode != 0, (point, killed.stderr[-2000:])
+    done = run_cli(path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in (
+        "silver/accounts",
+        "silver/order_lines",
+        "silver/accounts_tombstones",
+        "silver/order_lines_tombstones",
+        "quarantine/order_lines_events",
+        "audit/table_batch_log",
+    ):
+        assert comparable(config, name) == comparable(reference, name), name
+    for name in ("bronze/accounts_events", "silver/accounts", "audit/batch_log"):
+        assert (
+            DeltaTable(config.table_uri(name)).version()
+            == DeltaTable(reference.table_uri(name)).version()
+        ), name
+
+
+def test_commands_that_do_not_take_declared_tables_say_so(tmp_path: Path) -> None:
+    write_config(tmp_path)
+    path = tmp_path / "cdcflow.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    result = forkrun.run(["replay", "--config", str(path), "--verify"], env, REPO, 120)
+    assert result.returncode == 2
+    assert "cdcflow.yaml: key 'tables': this command works on" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_spark_engine_refuses_declared_tables(tmp_path: Path) -> None:
+    config = write_config(tmp_path, engine="spark")
+    with pytest.raises(ConfigError, match="declared tables"):
+        Pipeline(config)
+
+
+# ----------------------------------------------------------------------------- property
+_VALUES: dict[str, list[Any]] = {
+    "owner": ["Ann", "Bo", None, 7],
+    "balance": [1.5, "10.25", 0, None, -3],  # -3: below the minimum (quarantined)
+    "opened_on": ["2024-02-29", 19000, None, "2024-02-30"],  # the last: not a date
+    "closed_at": ["2025-05-12T10:00:00+02:00", 1747044000000, None],
+    "vip": [True, "false", None],
+    "rate": [0.5, "1e3", None],
+    "sku": ["ABC-1", "XYZ-22", None, "abc"],  # "abc": breaks the pattern
+    "quantity": [1, "002", None, 0],  # 0: below the minimum
+    "attributes": [{"k": [1, 2]}, [], None, "x"],
+}
+
+
+@st.composite
+def stream(draw: st.DrawFn) -> tuple[list[str], list[int]]:
+    """Records of both tables (some invalid, some for no table), duplicated and cut in files."""
+    lines: list[str] = []
+    for i in range(draw(st.integers(1, 24))):
+        table = draw(st.sampled_from(["accounts", "order_lines", "order_lines", "nowhere"]))
+        op = draw(st.sampled_from(["INSERT", "UPDATE", "UPDATE", "DELETE"]))
+        lsn = draw(st.integers(100, 110))
+        record = rec(table, f"E{i}", op, lsn, minutes_ago=draw(st.integers(1, 3)))
+        if table == "accounts":
+            record["account_id"] = draw(st.sampled_from([1, 2, "3", "x"]))
+        else:
+            record["order_id"] = draw(st.sampled_from(["O-1", "O-2"]))
+            record["line_no"] = draw(st.sampled_from([1, 2]))
+        names = (
+            ["owner", "balance", "opened_on", "closed_at", "vip", "rate"]
+            if table == "accounts"
+            else ["sku", "quantity", "attributes"]
+        )
+        for name in names:
+            if draw(st.booleans()):
+                record[name] = draw(st.sampled_from(_VALUES[name]))
+        line = json.dumps(record)
+        lines.append(line)
+        if draw(st.integers(0, 4)) == 0:  # a re-delivery, later in the stream
+            lines.append(line)
+    order = draw(st.permutations(range(len(lines))))
+    shuffled = [lines[i] for i in order]
+    cuts = sorted(draw(st.lists(st.integers(1, max(1, len(shuffled) - 1)), max_size=3)))
+    return shuffled, cuts
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+@settings(max_examples=8, deadline=None)
+@given(data=stream())
+def test_declared_tables_match_the_reference_fold(
+    tmp_path_factory: pytest.TempPathFactory, mode: str, data: tuple[list[str], list[int]]
+) -> None:
+    lines, cuts = data
+    config = write_config(tmp_path_factory.mktemp("tables"), mode=mode)
+    bounds = [0, *cuts, len(lines)]
+    write_files(config, [lines[a:b] for a, b in itertools.pairwise(bounds) if b > a])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert_silver_is_the_fold(config, lines)
+    # every input line exactly once in a Bronze table or a quarantine table
+    seen = []
+    for name in (
+        "bronze/accounts_events",
+        "bronze/order_lines_events",
+        "quarantine/accounts_events",
+        "quarantine/order_lines_events",
+        "quarantine/unrouted_events",
+    ):
+        seen += [(Path(r["source_file"]).name, r["source_line"]) for r in rows(config, name)]
+    expected = [
+        (f"{i:04d}.jsonl", n)
+        for i, (a, b) in enumerate(x for x in itertools.pairwise(bounds) if x[1] > x[0])
+        for n in range(1, b - a + 1)
+    ]
+    assert sorted(seen) == sorted(expected)
