@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
+from cdcflow.layers.schema_log import SchemaDriftError
 from cdcflow.model.contracts import TableContract
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
@@ -425,3 +426,87 @@ def test_declared_tables_match_the_reference_fold(
         for n in range(1, b - a + 1)
     ]
     assert sorted(seen) == sorted(expected)
+
+
+# ----------------------------------------------------------------------------- schema drift
+def _declare(config: CdcflowConfig, edit: Any) -> CdcflowConfig:
+    """Rewrite the config file with ``edit(raw)`` applied, and load it again."""
+    path = Path(config.file)
+    raw = yaml.safe_load(path.read_text())
+    edit(raw)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_config(path)
+
+
+def _accounts(raw: dict[str, Any]) -> dict[str, Any]:
+    return next(t for t in raw["tables"] if t["name"] == "accounts")
+
+
+def test_contract_changes_evolve_or_stop_until_accepted(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    write_files(config, [[json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1, vip=True))]])
+    Pipeline(config).run(Trigger.parse("available-now"))
+
+    # v2: a new nullable column in the middle of the contract; old rows read null
+    def add_tier(raw: dict[str, Any]) -> None:
+        accounts = _accounts(raw)
+        accounts["version"] = 2
+        accounts["columns"].insert(2, {"name": "loyalty_tier", "type": "string"})
+
+    config = _declare(config, add_tier)
+    write_files(
+        config,
+        [[json.dumps(rec("accounts", "A2", "INSERT", 20, account_id=2, loyalty_tier="GOLD"))]],
+    )
+    Pipeline(config).run(Trigger.parse("available-now"))
+    contract = contract_of(config, "accounts")
+    got = silver(config, contract)
+    assert (got[(1,)]["loyalty_tier"], got[(2,)]["loyalty_tier"]) == (None, "GOLD")
+    assert got[(1,)]["vip"] is True
+    bronze = rows(config, "bronze/accounts_events")
+    assert sorted(r.get("loyalty_tier") or "" for r in bronze) == ["", "GOLD"]
+    log = rows(config, "audit/schema_log")
+    assert sorted((r["table_name"], r["version"], r["change"]) for r in log) == [
+        ("accounts", 1, "created"),
+        ("accounts", 2, "added column loyalty_tier (string)"),
+        ("order_lines", 1, "created"),
+    ]
+
+    # an incompatible change: the key column's type; the run stops and writes nothing
+    def key_as_text(raw: dict[str, Any]) -> None:
+        _accounts(raw)["columns"][0]["type"] = "string"
+
+    stopped = _declare(config, key_as_text)
+    write_files(stopped, [[json.dumps(rec("accounts", "A3", "INSERT", 30, account_id="A-3"))]])
+    versions = {name: DeltaTable(config.table_uri(name)).version() for name in ("silver/accounts",)}
+    with pytest.raises(SchemaDriftError) as caught:
+        Pipeline(stopped)
+    message = str(caught.value)
+    assert "table accounts: key columns changed from (account_id integer)" in message
+    assert "cdcflow schema accept" in message and "\n" not in message
+    assert versions == {n: DeltaTable(config.table_uri(n)).version() for n in versions}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    again = forkrun.run(["run", "--config", stopped.file], env, REPO, 120)
+    assert again.returncode == 2 and "table accounts: key columns changed" in again.stderr
+
+    # restoring the contract runs again; then changing it and accepting starts the table afresh
+    def key_as_integer(raw: dict[str, Any]) -> None:
+        _accounts(raw)["columns"][0]["type"] = "integer"
+
+    _declare(stopped, key_as_integer)
+    accepted = forkrun.run(
+        ["schema", "accept", "--config", stopped.file, "--table", "accounts"], env, REPO, 120
+    )
+    assert accepted.returncode == 0 and "no incompatible change" in accepted.stdout
+    stopped = _declare(stopped, key_as_text)
+    accepted = forkrun.run(
+        ["schema", "accept", "--config", stopped.file, "--table", "accounts"], env, REPO, 120
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    assert "accepted key columns changed" in accepted.stdout
+    retired = list((tmp_path / "lake" / "_retired" / "accounts").iterdir())
+    assert len(retired) == 1 and (retired[0] / "silver" / "accounts" / "_delta_log").is_dir()
+    Pipeline(stopped).run(Trigger.parse("available-now"))
+    fresh = silver(stopped, contract_of(stopped, "accounts"))
+    assert list(fresh) == [("A-3",)]  # the table started afresh under the accepted contract
+    assert rows(stopped, "silver/order_lines") == []  # the other table untouched (empty)

@@ -24,6 +24,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -263,6 +264,8 @@ class CdcflowConfig(BaseSettings):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     processing: ProcessingSection = Field(default_factory=ProcessingSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    #: the YAML file this config was loaded from ('' when built in code), for messages
+    _file: str = PrivateAttr(default="")
     snowflake: SnowflakeSection = Field(default_factory=SnowflakeSection)
     gold: GoldSection = Field(default_factory=GoldSection)
     maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
@@ -311,6 +314,11 @@ class CdcflowConfig(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment overrides win over the YAML file (passed as init kwargs).
         return (env_settings, init_settings)
+
+    @property
+    def file(self) -> str:
+        """The YAML file the config was loaded from ('' when it was built in code)."""
+        return self._file
 
     def table_uri(self, name: str) -> str:
         """URI of the Delta table ``name`` (e.g. ``silver/customers``) under ``storage.root``."""
@@ -390,7 +398,9 @@ def load_config(path: str | Path) -> CdcflowConfig:
     _resolve_relative(raw, Path.cwd())
     overrides = _env_overrides()
     try:
-        return CdcflowConfig(**raw)
+        config = CdcflowConfig(**raw)
+        config._file = str(file)
+        return config
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

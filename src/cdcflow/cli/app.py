@@ -220,6 +220,10 @@ app.command("source-workload")(source_workload)
 
 app.add_typer(sync_app)
 
+from cdcflow.cli.schema import schema_app  # noqa: E402
+
+app.add_typer(schema_app)
+
 
 def main() -> None:
     """Console-script entry point."""

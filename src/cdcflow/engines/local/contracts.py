@@ -44,6 +44,8 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.schema import Field as DeltaField
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
@@ -57,6 +59,17 @@ from cdcflow.engines.local.delta import (
 from cdcflow.engines.local.fold import batch_tombstones, change_frame, fold_events, to_source_table
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, contract_tables
+from cdcflow.layers.schema_log import (
+    SCHEMA_LOG,
+    Change,
+    SchemaDriftError,
+    added_fields,
+    contract_changes,
+    contract_json,
+    drift_message,
+    recorded_contracts,
+    utc_now,
+)
 from cdcflow.layers.tables import BATCH_LOG, TS, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
@@ -293,9 +306,9 @@ class ContractTable:
         report.deletes = sum(e.operation is Operation.DELETE for e in firsts)
 
         bronze = self._bronze_rows(offsets, routed, deliveries)
-        append_once(
-            self.store.table(self.tables.bronze), bronze, self.app_id, batch_id, self.tables.bronze
-        )
+        table = self.store.table(self.tables.bronze)
+        ordered = in_table_order(self.tables.bronze, table)
+        append_once(table, bronze.select(ordered.schema.names), self.app_id, batch_id, ordered)
         crash_point("after_bronze", batch_id)
         quarantine = self._quarantine_rows(offsets, routed, rejected)
         spec = self.tables.quarantine
@@ -406,6 +419,16 @@ class ContractTable:
             )
 
 
+def in_table_order(spec: TableSpec, table: DeltaTable) -> TableSpec:
+    """``spec`` with its columns in the Delta table's order: a column added by schema evolution
+    (:mod:`cdcflow.layers.schema_log`) comes last in the table, wherever the contract declares
+    it."""
+    names = table.schema().to_arrow().names
+    if list(names) == spec.schema.names:
+        return spec
+    return TableSpec(spec.name, pa.schema([spec.schema.field(name) for name in names]))
+
+
 def _tx_id(record: dict[str, Any]) -> Any:
     metadata = record.get("metadata")
     return metadata.get("tx_id") if isinstance(metadata, dict) else None
@@ -427,7 +450,7 @@ class LocalContractsEngine:
         self.config = config
         self.app_id = f"cdcflow-{config.pipeline.name}"
         contracts = config.contracts()
-        specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG]
+        specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
         for contract in contracts:
             tables = contract_tables(contract)
             specs += [
@@ -443,9 +466,69 @@ class LocalContractsEngine:
         self.store = DeltaStore(
             {spec.name: config.table_uri(spec.name) for spec in specs}, config.storage.options
         )
+        self.store.ensure(SCHEMA_LOG)
+        evolutions = self._schema_changes(contracts)  # a drift stop raises before any write
         for spec in specs:
             self.store.ensure(spec)
+        self._evolve(evolutions)
         self.tables = {c.name: ContractTable(c, self.store, self.app_id, config) for c in contracts}
+
+    def _schema_changes(
+        self, contracts: list[TableContract]
+    ) -> list[tuple[TableContract, list[Change]]]:
+        """Each declared contract with its changes since the recorded one (``[]`` when the
+        table is new: recorded as created).
+
+        Raises:
+            SchemaDriftError: a contract changed incompatibly (:mod:`cdcflow.layers.schema_log`).
+        """
+        recorded = recorded_contracts(self.store.table(SCHEMA_LOG))
+        out: list[tuple[TableContract, list[Change]]] = []
+        for contract in contracts:
+            old = recorded.get(contract.name)
+            if old is None:
+                out.append((contract, [Change("created", True)]))
+                continue
+            changes = contract_changes(old, contract)
+            if any(not change.compatible for change in changes):
+                raise SchemaDriftError(drift_message(contract, changes, self.config.file))
+            if changes:
+                out.append((contract, changes))
+        return out
+
+    def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
+        """Apply the compatible changes (new nullable columns) and record every change."""
+        now = utc_now()
+        rows = []
+        for contract, changes in evolutions:
+            for change in changes:
+                if change.added is not None:
+                    for name, fields in added_fields(contract, change.added).items():
+                        table = DeltaTable(
+                            self.config.table_uri(name),
+                            storage_options=self.config.storage.options or None,
+                        )
+                        present = set(table.schema().to_arrow().names)
+                        missing = [f for f in fields if f.name not in present]
+                        if missing:
+                            table.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+                rows.append(
+                    {
+                        "table_name": contract.name,
+                        "version": contract.version,
+                        "change": change.text,
+                        "contract": contract_json(contract),
+                        "applied_at": now,
+                    }
+                )
+                about = {"table": contract.name, "version": contract.version}
+                log.info("table contract recorded", extra={**about, "change": change.text})
+        if rows:
+            write_deltalake(
+                self.store.table(SCHEMA_LOG),
+                pa.Table.from_pylist(rows, schema=SCHEMA_LOG.schema),
+                mode="append",
+            )
 
     def _route(
         self, offsets: BatchOffsets

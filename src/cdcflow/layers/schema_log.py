@@ -1,0 +1,254 @@
+"""Schema evolution and the drift stop of declared tables: ``audit/schema_log``.
+
+Each declared table's tables are built for one contract. ``audit/schema_log`` records which
+(one row per change: ``table_name``, ``version`` — the contract's ``version`` —, ``change``,
+``contract`` — the contract as canonical JSON —, ``applied_at`` UTC); the latest row of a table
+is the contract its Delta tables hold. When a run starts, each declared contract is compared
+with that row (:func:`contract_changes`):
+
+* **compatible** changes are applied and recorded: a new *nullable* column is added to Bronze
+  and Silver (with its sequence register) by a Delta schema change (old rows read null); a
+  change of constraints, PII flags, patterns or the envelope fields only changes validation
+  from the next micro-batch on;
+* **incompatible** changes stop the run before anything is written, in one line naming the
+  table, the column and the change (:class:`SchemaDriftError`): a key column changed (name,
+  order or type), a column's type changed, a declared column removed, a new column that is not
+  nullable, a changed delete mode. The run stays stopped until the contract is restored or the
+  operator runs ``cdcflow schema accept --table T``, which moves the table's Delta tables aside
+  (to ``_retired/<table>/v<version>-<UTC time>/`` under ``storage.root``, nothing deleted) and
+  records the new contract: the next run starts the table afresh under it.
+
+The anchors: dlt schema contracts (evolve / freeze), Flink CDC ``schema.change.behavior``, and
+the reference submissions' stop-the-line on incompatible drift. Type widening (integer →
+decimal, decimal precision up) is not applied yet: it counts as a type change (incompatible).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from cdcflow.errors import ConfigError
+from cdcflow.layers.contract_tables import arrow_type, contract_tables
+from cdcflow.layers.tables import TS, TableSpec, register
+from cdcflow.model.contracts import TableContract
+
+SCHEMA_LOG = TableSpec(
+    "audit/schema_log",
+    pa.schema(
+        [
+            pa.field("table_name", pa.string(), nullable=False),
+            pa.field("version", pa.int64(), nullable=False),
+            pa.field("change", pa.string(), nullable=False),
+            pa.field("contract", pa.string(), nullable=False),
+            pa.field("applied_at", TS, nullable=False),
+        ]
+    ),
+)
+
+
+class SchemaDriftError(ConfigError):
+    """A declared table's contract changed incompatibly with the tables built for it."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference between the recorded contract of a table and its declared one.
+
+    Attributes:
+        text: what changed, naming the column (e.g. ``added column loyalty_tier (string)``).
+        compatible: True when it is applied by itself (module doc).
+        added: the column added (compatible additions only), else None.
+    """
+
+    text: str
+    compatible: bool
+    added: str | None = None
+
+
+def contract_json(contract: TableContract) -> str:
+    """The contract as canonical JSON (sorted keys): what ``audit/schema_log`` records."""
+    return json.dumps(contract.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
+    """The changes from the recorded contract ``old`` to the declared ``new`` (module doc).
+
+    Returns:
+        The changes, incompatible ones first; empty when the contracts are equal.
+    """
+    changes: list[Change] = []
+    old_keys = [(k, old.column(k).type) for k in old.keys]
+    new_keys = [(k, new.column(k).type) for k in new.keys]
+    if old_keys != new_keys:
+        shown = lambda keys: ", ".join(f"{k} {t}" for k, t in keys)  # noqa: E731
+        changes.append(
+            Change(f"key columns changed from ({shown(old_keys)}) to ({shown(new_keys)})", False)
+        )
+    new_columns = {c.name: c for c in new.columns}
+    old_columns = {c.name: c for c in old.columns}
+    for name, spec in old_columns.items():
+        if name not in new_columns:
+            changes.append(Change(f"column {name} removed from the contract", False))
+        elif new_columns[name].type != spec.type and name not in new.keys:
+            changes.append(
+                Change(
+                    f"column {name} changed type from {spec.type} to {new_columns[name].type}",
+                    False,
+                )
+            )
+    if old.delete_mode != new.delete_mode:
+        changes.append(
+            Change(f"delete_mode changed from {old.delete_mode} to {new.delete_mode}", False)
+        )
+    for name, spec in new_columns.items():
+        if name in old_columns or name in new.keys:
+            continue
+        if spec.nullable:
+            changes.append(Change(f"added column {name} ({spec.type})", True, added=name))
+        else:
+            changes.append(Change(f"added column {name} is not nullable", False))
+    if not changes and contract_json(old) != contract_json(new):
+        changes.append(Change("constraints or envelope fields changed", True))
+    return sorted(changes, key=lambda change: change.compatible)
+
+
+def drift_message(contract: TableContract, changes: list[Change], config_file: str) -> str:
+    """The one line of a stopped run (names the table, the column and the change)."""
+    incompatible = "; ".join(c.text for c in changes if not c.compatible)
+    return (
+        f"table {contract.name}: {incompatible}: incompatible with its Delta tables, the run "
+        f"is stopped; restore the contract, or run `cdcflow schema accept --config "
+        f"{config_file} --table {contract.name}` to start the table afresh under it (its "
+        "tables are moved aside, nothing is deleted)"
+    )
+
+
+def added_fields(contract: TableContract, column: str) -> dict[str, list[pa.Field]]:
+    """Table name → the fields to add for a new nullable column: Bronze (the column), Silver
+    (the column and its sequence register)."""
+    tables = contract_tables(contract)
+    field = pa.field(column, arrow_type(contract.column(column).type), nullable=True)
+    return {
+        tables.bronze.name: [field],
+        tables.silver.name: [field, pa.field(register(column), pa.string(), nullable=True)],
+    }
+
+
+def retire(root: Path, contract: TableContract, old: TableContract, now: datetime) -> Path:
+    """Move the Delta tables built for ``old`` under ``_retired/<table>/v<version>-<time>/``.
+
+    Args:
+        root: the local ``storage.root``.
+        contract: the declared (new) contract: its table paths are moved too, when they exist.
+        old: the recorded contract.
+        now: the acceptance time (UTC), in the folder's name.
+
+    Returns:
+        The folder the tables were moved to.
+
+    Raises:
+        ConfigError: ``storage.root`` is not a local folder.
+    """
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    target = root / "_retired" / old.name / f"v{old.version}-{stamp}"
+    names = {old.table_names, contract.table_names}
+    for tables in names:
+        for path in (tables.bronze, tables.quarantine, tables.silver, tables.tombstones):
+            source = root / path
+            if source.exists():
+                destination = target / path
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(source), str(destination))
+    return target
+
+
+def recorded_contracts(log_table: DeltaTable) -> dict[str, TableContract]:
+    """Table name → the contract its Delta tables hold: the latest ``audit/schema_log`` row."""
+    rows = log_table.to_pyarrow_table(columns=["table_name", "contract", "applied_at"]).to_pylist()
+    latest: dict[str, dict] = {}
+    for row in sorted(rows, key=lambda r: r["applied_at"]):
+        latest[row["table_name"]] = row
+    return {
+        name: TableContract.model_validate_json(row["contract"]) for name, row in latest.items()
+    }
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What ``cdcflow schema accept`` did for one table.
+
+    Attributes:
+        table: the table's name.
+        changes: the changes acknowledged (empty: nothing to accept).
+        retired_to: where the earlier Delta tables were moved, or None when nothing moved.
+    """
+
+    table: str
+    changes: tuple[str, ...]
+    retired_to: Path | None
+
+
+def accept(log_table: DeltaTable, root: str, declared: TableContract, now: datetime) -> Acceptance:
+    """Acknowledge an incompatible contract change of one table (module doc).
+
+    Args:
+        log_table: ``audit/schema_log``.
+        root: ``storage.root`` (a local folder).
+        declared: the table's contract in the config.
+        now: the acceptance time (UTC).
+
+    Returns:
+        The acceptance; ``changes`` is empty when the recorded contract has no incompatible
+        change (compatible ones are applied by the next run), and nothing is written then.
+
+    Raises:
+        ConfigError: ``storage.root`` is an object store (tables are moved on a local disk).
+    """
+    old = recorded_contracts(log_table).get(declared.name)
+    if old is None:
+        return Acceptance(declared.name, (), None)
+    incompatible = tuple(c.text for c in contract_changes(old, declared) if not c.compatible)
+    if not incompatible:
+        return Acceptance(declared.name, (), None)
+    if "://" in root:
+        raise ConfigError(
+            f"storage.root: schema accept moves a table's Delta tables aside on a local disk; "
+            f"{root} is an object store"
+        )
+    target = retire(Path(root), declared, old, now)
+    row = {
+        "table_name": declared.name,
+        "version": declared.version,
+        "change": f"accepted: {'; '.join(incompatible)}; earlier tables moved to {target}",
+        "contract": contract_json(declared),
+        "applied_at": now,
+    }
+    write_deltalake(log_table, pa.Table.from_pylist([row], schema=SCHEMA_LOG.schema), mode="append")
+    return Acceptance(declared.name, incompatible, target)
+
+
+def utc_now() -> datetime:
+    """The current UTC time (a function so that tests may fix it)."""
+    return datetime.now(UTC)
+
+
+__all__ = [
+    "SCHEMA_LOG",
+    "Acceptance",
+    "Change",
+    "SchemaDriftError",
+    "accept",
+    "added_fields",
+    "contract_changes",
+    "contract_json",
+    "drift_message",
+    "recorded_contracts",
+    "retire",
+]
