@@ -5,8 +5,9 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.local/bin:$(PATH)
 # pytest-xdist: three workers; each xdist_group (Spark, Spark crash, PostgreSQL, docs:
-# tests/conftest.py) stays on one worker. PYTEST_ARGS= runs in one process.
-PYTEST_ARGS ?= -n 3 --dist loadgroup
+# tests/conftest.py) stays on one worker; work units in collection order (the long groups
+# first: tests/conftest.py GROUP_ORDER). PYTEST_ARGS= runs in one process.
+PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation
 
