@@ -42,6 +42,20 @@ def odd_dir(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     return folder
 
 
+#: One folder name with every kind above (a space, a non-ASCII letter, CJK characters), for the
+#: tests that run whole pipelines: a pipeline under it meets each kind of escaping at once, for
+#: a third of the runs (the cheap scan test still takes each kind alone).
+MIXED_NAME = " ".join(("sp", "ace", *list(ODD_NAMES.values())[1:]))
+
+
+@pytest.fixture
+def mixed_dir(tmp_path: Path) -> Path:
+    """A folder whose name has a space, a non-ASCII letter and CJK characters."""
+    folder = tmp_path / "data" / MIXED_NAME
+    folder.mkdir(parents=True)
+    return folder
+
+
 def _twins(odd_dir: Path, plain_dir: Path, mode: str) -> tuple[Lake, Lake, list[str]]:
     """The same generated landing files run through a lake under ``odd_dir`` and a plain one."""
     odd = Lake(odd_dir, mode=mode, max_files=2)
@@ -101,8 +115,8 @@ def test_scan_table_reads_files_under_an_escaped_root(odd_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_pipeline_history_gold_replay_and_as_of(odd_dir: Path, tmp_path: Path, mode: str) -> None:
-    odd, plain, lines = _twins(odd_dir, tmp_path / "plain", mode)
+def test_pipeline_history_gold_replay_and_as_of(mixed_dir: Path, tmp_path: Path, mode: str) -> None:
+    odd, plain, lines = _twins(mixed_dir, tmp_path / "plain", mode)
     # the whole pipeline: Silver equals the reference fold of the generated stream
     expected = expected_outcome(lines, mode)  # type: ignore[arg-type]
     assert odd.silver() == plain.silver()
@@ -128,9 +142,9 @@ def test_pipeline_history_gold_replay_and_as_of(odd_dir: Path, tmp_path: Path, m
     assert silver_at_version(odd.config, 1).height < silver.height or mode == "hard"
 
 
-def test_cli_run_as_of_replay_gold_optimize(odd_dir: Path) -> None:
+def test_cli_run_as_of_replay_gold_optimize(mixed_dir: Path) -> None:
     """The commands a user runs, with a config file under the odd folder."""
-    lake = Lake(odd_dir, max_files=2)
+    lake = Lake(mixed_dir, max_files=2)
     generate(lake.landing, GeneratorConfig(events=300, customers=40, files=3, seed=3))
     config = str(write_config(lake))
     runner = CliRunner()
@@ -163,14 +177,14 @@ def emulator() -> Iterator[dict[str, Any]]:
 
 
 def test_snowflake_sync_under_an_escaped_root(
-    odd_dir: Path, tmp_path: Path, emulator: dict[str, Any]
+    mixed_dir: Path, tmp_path: Path, emulator: dict[str, Any]
 ) -> None:
     from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
     from cdcflow.sinks.snowflake.sync import sync_snowflake
 
-    lake = Lake(odd_dir, max_files=2)
+    lake = Lake(mixed_dir, max_files=2)
     lake.config.snowflake = SnowflakeSection(
-        database=f"PATHS_{abs(hash(str(odd_dir))) % 10**8}",
+        database=f"PATHS_{abs(hash(str(mixed_dir))) % 10**8}",
         emulator="on",
         emulator_path=":memory:",
     )

@@ -34,6 +34,12 @@ def events_per_second(records: int, duration_ms: int) -> int:
     return int(records * 1000 / duration_ms) if duration_ms > 0 else 0
 
 
+def _cell(value: object) -> str:
+    """A table cell: ``-`` for a value the batch does not have (a run of declared tables has
+    one Silver version per table: ``audit/table_batch_log``)."""
+    return "-" if value is None else str(value)
+
+
 def batch_table(reports: Sequence[BatchReport], title: str | None = "micro-batches") -> Table:
     """One row per micro-batch with its counts and throughput (records per second)."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=0)
@@ -42,7 +48,7 @@ def batch_table(reports: Sequence[BatchReport], title: str | None = "micro-batch
     for report in reports:
         table.add_row(
             *(
-                str(getattr(report, attr))
+                _cell(getattr(report, attr))
                 if attr
                 else f"{events_per_second(report.records_received, report.duration_ms):,}"
                 for _, attr in _COLUMNS
@@ -58,7 +64,7 @@ def batch_line(report: BatchReport) -> str:
         f"batch {report.batch_id}: {report.files} files, {report.records_received:,} records"
         f" ({report.accepted:,} accepted, {report.quarantined:,} quarantined,"
         f" {report.duplicates:,} duplicates), {rate:,} events/s, {report.duration_ms:,} ms,"
-        f" silver v{report.silver_version}"
+        + ("" if report.silver_version is None else f", silver v{report.silver_version}")
     )
 
 

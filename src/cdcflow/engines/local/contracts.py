@@ -51,12 +51,11 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
-    commit_props,
-    nothing_expired,
     scan_table,
     txn_done,
 )
 from cdcflow.engines.local.fold import batch_tombstones, change_frame, fold_events, to_source_table
+from cdcflow.engines.local.merges import merge_silver, merge_tombstones
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, contract_tables
 from cdcflow.layers.schema_log import (
@@ -70,14 +69,14 @@ from cdcflow.layers.schema_log import (
     recorded_contracts,
     utc_now,
 )
-from cdcflow.layers.tables import BATCH_LOG, TS, TableSpec
+from cdcflow.layers.tables import BATCH_LOG, QUARANTINE, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.dedup import classify
-from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
+from cdcflow.plan.merge_spec import key_predicate, silver_merge_spec
 from cdcflow.plan.rules import Rejection, parse_record
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import RawRecord, read_records
@@ -93,14 +92,7 @@ UNROUTED = TableSpec(
     "quarantine/unrouted_events",
     pa.schema(
         [
-            pa.field("batch_id", pa.int64(), nullable=False),
-            pa.field("quarantined_at", TS, nullable=False),
-            pa.field("source_file", pa.string(), nullable=False),
-            pa.field("source_line", pa.int64(), nullable=False),
-            pa.field("raw_line", pa.string(), nullable=False),
-            pa.field("failure_reason", pa.string(), nullable=False),
-            pa.field("failure_detail", pa.string(), nullable=False),
-            pa.field("event_id", pa.string()),
+            *(field for field in QUARANTINE.schema if field.name != "customer_id"),
             pa.field("source_table", pa.string()),
         ]
     ),
@@ -110,16 +102,21 @@ TABLE_BATCH_LOG = TableSpec(
     "audit/table_batch_log",
     pa.schema(
         [
-            pa.field("batch_id", pa.int64(), nullable=False),
+            BATCH_LOG.schema.field("batch_id"),
             pa.field("table_name", pa.string(), nullable=False),
-            pa.field("records_received", pa.int64(), nullable=False),
-            pa.field("accepted", pa.int64(), nullable=False),
-            pa.field("quarantined", pa.int64(), nullable=False),
-            pa.field("duplicates", pa.int64(), nullable=False),
-            pa.field("inserts", pa.int64(), nullable=False),
-            pa.field("updates", pa.int64(), nullable=False),
-            pa.field("deletes", pa.int64(), nullable=False),
-            pa.field("silver_version", pa.int64()),
+            *(
+                BATCH_LOG.schema.field(name)
+                for name in (
+                    "records_received",
+                    "accepted",
+                    "quarantined",
+                    "duplicates",
+                    "inserts",
+                    "updates",
+                    "deletes",
+                    "silver_version",
+                )
+            ),
         ]
     ),
 )
@@ -368,55 +365,20 @@ class ContractTable:
             )
         if source.height == 0:
             return
-        spec = silver_merge_spec(self.tables.silver.schema.names, self.contract)
-        (
-            silver.merge(
-                to_source_table(source, self.contract),
-                predicate=spec.on,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=commit_props(self.app_id, batch_id),
-            )
-            .when_matched_delete(predicate=spec.delete_when)
-            .when_matched_update(updates=spec.update_set, predicate=spec.update_when)
-            .when_not_matched_insert(updates=spec.insert_values, predicate=spec.insert_when)
-            .execute()
-        )
+        merge = silver_merge_spec(self.tables.silver.schema.names, self.contract)
+        source_table = to_source_table(source, self.contract)
+        merge_silver(self.store, self.tables.silver, source_table, merge, self.app_id, batch_id)
 
     def _merge_tombstones(self, events: pl.DataFrame, offsets: BatchOffsets) -> None:
-        spec = self.tables.tombstones
-        table = self.store.table(spec)
-        batch_id = offsets.batch_id
-        tombs = batch_tombstones(events, contract=self.contract)
-        if tombs.height and not txn_done(table, self.app_id, batch_id):
-            source = tombs.with_columns(
-                pl.lit(offsets.processing_time).dt.cast_time_unit("us").alias("tombstoned_at")
-            ).select(spec.schema.names)
-            (
-                table.merge(
-                    source.to_arrow().cast(spec.schema),
-                    predicate=key_predicate(self.contract),
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=commit_props(self.app_id, batch_id),
-                )
-                .when_matched_update_all(predicate=TOMBSTONE_UPDATE_WHEN)
-                .when_not_matched_insert_all()
-                .execute()
-            )
-        # purge tombstones past the contract's retention (relative to the processing time)
-        purge_app = f"{self.app_id}-tombstone-purge"
-        table = self.store.table(spec)
-        retention = timedelta(days=self.contract.tombstone_retention_days)
-        cutoff = offsets.processing_time - retention
-        if txn_done(table, purge_app, batch_id) or nothing_expired(table, cutoff):
-            return
-        expired = scan_table(table).filter(pl.col("tombstoned_at") < cutoff).select(pl.len())
-        if expired.collect().item():
-            table.delete(
-                f"tombstoned_at < '{cutoff.isoformat()}'",
-                commit_properties=commit_props(purge_app, batch_id),
-            )
+        merge_tombstones(
+            self.store,
+            self.tables.tombstones,
+            batch_tombstones(events, contract=self.contract),
+            key_predicate(self.contract),
+            self.app_id,
+            offsets,
+            timedelta(days=self.contract.tombstone_retention_days),
+        )
 
 
 def in_table_order(spec: TableSpec, table: DeltaTable) -> TableSpec:

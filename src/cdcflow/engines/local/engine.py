@@ -30,13 +30,11 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
-    commit_props,
-    nothing_expired,
     read_where_in,
-    scan_table,
     txn_done,
 )
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
+from cdcflow.engines.local.merges import merge_silver, merge_tombstones
 from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.layers.tables import (
     ALL_TABLES,
@@ -52,7 +50,7 @@ from cdcflow.logs import get_logger
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.dedup import Delivery, classify
-from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, silver_merge_spec
+from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, silver_merge_spec
 from cdcflow.plan.rules import Rejection, RuleSet, validate_record
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import RawRecord, read_records
@@ -225,53 +223,19 @@ class LocalEngine:
                 pl.col("_cdc_seq").is_not_null()
                 | pl.col("customer_id").is_in(targets["customer_id"].implode())
             )
-        spec = silver_merge_spec(SILVER.schema.names)
-        (
-            silver.merge(
-                to_source_table(source),
-                predicate=spec.on,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=commit_props(self.app_id, batch_id),
-            )
-            .when_matched_delete(predicate=spec.delete_when)
-            .when_matched_update(updates=spec.update_set, predicate=spec.update_when)
-            .when_not_matched_insert(updates=spec.insert_values, predicate=spec.insert_when)
-            .execute()
-        )
+        merge = silver_merge_spec(SILVER.schema.names)
+        merge_silver(self.store, SILVER, to_source_table(source), merge, self.app_id, batch_id)
 
     def _merge_tombstones(self, events: pl.DataFrame, offsets: BatchOffsets) -> None:
-        table = self.store.table(TOMBSTONES)
-        batch_id = offsets.batch_id
-        tombs = batch_tombstones(events)
-        if tombs.height and not txn_done(table, self.app_id, batch_id):
-            source = tombs.with_columns(
-                pl.lit(offsets.processing_time).dt.cast_time_unit("us").alias("tombstoned_at")
-            ).select(TOMBSTONES.schema.names)
-            (
-                table.merge(
-                    source.to_arrow().cast(TOMBSTONES.schema),
-                    predicate=TOMBSTONE_MERGE_ON,
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=commit_props(self.app_id, batch_id),
-                )
-                .when_matched_update_all(predicate=TOMBSTONE_UPDATE_WHEN)
-                .when_not_matched_insert_all()
-                .execute()
-            )
-        # purge tombstones past their retention (relative to the batch's processing time)
-        purge_app = f"{self.app_id}-tombstone-purge"
-        table = self.store.table(TOMBSTONES)
-        cutoff = offsets.processing_time - self.config.processing.tombstone_retention
-        if txn_done(table, purge_app, batch_id) or nothing_expired(table, cutoff):
-            return
-        expired = scan_table(table).filter(pl.col("tombstoned_at") < cutoff).select(pl.len())
-        if expired.collect().item():
-            table.delete(
-                f"tombstoned_at < '{cutoff.isoformat()}'",
-                commit_properties=commit_props(purge_app, batch_id),
-            )
+        merge_tombstones(
+            self.store,
+            TOMBSTONES,
+            batch_tombstones(events),
+            TOMBSTONE_MERGE_ON,
+            self.app_id,
+            offsets,
+            self.config.processing.tombstone_retention,
+        )
 
     def _outcomes(
         self,
