@@ -21,10 +21,9 @@ committed batch before it and one after it, in hard mode (which has every commit
 MERGE too); chaining the kills costs one child per point and one restart and comparison in
 all, instead of a child, a restart of two batches and a comparison per point. The restart is a
 child too (no SparkSession in the test process, whose JVM would start and compile for two
-micro-batches only). Left out: the
-two middle Gold points (the Gold refresh is the local engine's code, which the matrix covers;
-the first and last Gold points are kept) and ``before_commit`` (the same files as
-``after_audit``: in between the engine only releases its caches).
+micro-batches only). Every Delta commit and checkpoint file of the micro-batch is a point of
+the chain (the four Gold commits included); left out is only ``before_commit``, which leaves
+the same files as ``after_audit`` (in between the engine only releases its caches).
 """
 
 from __future__ import annotations
@@ -64,11 +63,7 @@ pytestmark = [pytest.mark.spark_crash, pytest.mark.spark, pytest.mark.slow]
 MODE = "hard"
 BATCH = 1
 #: Points left out of the chain (module docstring: why).
-LEFT_OUT = (
-    "after_gold_active_customers_by_geo",
-    "after_gold_status_distribution",
-    "before_commit",
-)
+LEFT_OUT = ("before_commit",)
 #: Every distinct commit of a Spark micro-batch, in micro-batch order.
 SPARK_POINTS = tuple(point for point in CRASH_POINTS if point not in LEFT_OUT)
 
