@@ -44,6 +44,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.schema import Field as DeltaField
 
@@ -51,10 +52,11 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
+    read_where_in,
     scan_table,
     txn_done,
 )
-from cdcflow.engines.local.fold import batch_tombstones, change_frame, fold_events, to_source_table
+from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
 from cdcflow.engines.local.merges import merge_silver, merge_tombstones
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, contract_tables
@@ -259,12 +261,12 @@ class ContractTable:
     def _prior_hashes(self, event_ids: set[str], batch_id: int) -> dict[str, str]:
         if not event_ids:
             return {}
-        ids = pl.Series("event_id", sorted(event_ids), dtype=pl.String)
-        found = (
-            scan_table(self.store.table(self.tables.bronze))
-            .filter(pl.col("event_id").is_in(ids.implode()) & (pl.col("batch_id") < batch_id))
-            .select("event_id", "content_hash")
-            .collect()
+        found = read_where_in(
+            self.store.table(self.tables.bronze),
+            "event_id",
+            event_ids,
+            ["event_id", "content_hash"],
+            extra=pl.col("batch_id") < batch_id,
         )
         return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
 
@@ -312,8 +314,11 @@ class ContractTable:
         append_once(self.store.table(spec), quarantine, self.app_id, batch_id, spec)
         crash_point("after_quarantine", batch_id)
 
-        if firsts:
-            events = change_frame(firsts, self.contract)
+        if firsts:  # the fold input: this batch's first copies, as Bronze holds them
+            events = pl.from_arrow(
+                bronze.filter(pc.invert(bronze["is_duplicate"])).select(self.fold_columns)
+            )
+            assert isinstance(events, pl.DataFrame)
             self._merge_silver(events, batch_id)
             crash_point("after_silver_merge", batch_id)
             if self.contract.delete_mode == "hard":
@@ -327,9 +332,11 @@ class ContractTable:
             return
         mode = self.contract.delete_mode
         keys = events.select(self.keys).unique()
-        prior_tombs = self._read_keys(self.tables.tombstones, keys, [*self.keys, "_cdc_seq"], None)
-        source = fold_events(events, mode, prior_tombs, self.contract)
-        if mode == "hard":
+        if mode == "soft":  # no tombstones to read in soft mode
+            source = fold_events(events, mode, None, self.contract)
+        else:
+            prior = self._read_keys(self.tables.tombstones, keys, [*self.keys, "_cdc_seq"], None)
+            source = fold_events(events, mode, prior, self.contract)
             targets = self._read_keys(
                 self.tables.silver, keys, [*self.keys, "_cdc_seq", "_cdc_min_seq"], None
             )
