@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from cdcflow.cli.options import ConfigOption
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.logs import set_log_format, setup_logging
@@ -92,11 +93,6 @@ def _usage_message(exc: Exception) -> str:
     if ctx is not None and type(exc).__name__ != "ClickException":
         message = f"{message} (see: {ctx.command_path} --help)"
     return message
-
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
-]
 
 
 @app.callback()

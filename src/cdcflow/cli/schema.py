@@ -8,20 +8,17 @@ moved aside under ``_retired/`` and the next run starts it afresh under the decl
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from cdcflow.cli.options import ConfigOption
 
 schema_app = typer.Typer(
     name="schema",
     help="Contracts of declared tables: acknowledge an incompatible change.",
     no_args_is_help=True,
 )
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
-]
 
 
 @schema_app.command()

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from cdcflow.cli.options import ConfigOption
 from cdcflow.config import parse_duration
 from cdcflow.errors import ConfigError
 
@@ -23,10 +24,6 @@ sync_app = typer.Typer(
     help="Synchronize lakehouse tables to external systems.",
     no_args_is_help=True,
 )
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
-]
 
 
 def _report_table(report: object) -> Table:
