@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from cdcflow.cli.options import ConfigOption
 from cdcflow.config import CdcflowConfig
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
-]
 
 
 def gold_rows(cfg: CdcflowConfig) -> dict[str, list[dict[str, Any]]]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cdcflow.cli.options import ConfigOption
 from cdcflow.config import CdcflowConfig
 from cdcflow.errors import CdcflowError
 from cdcflow.model.contracts import TableContract
@@ -16,10 +16,6 @@ if TYPE_CHECKING:
     import polars as pl
 
     from cdcflow.layers.validation import ValidationReport
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
-]
 
 
 def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.DataFrame:
