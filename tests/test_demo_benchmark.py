@@ -53,14 +53,24 @@ def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
     bronze = pl.scan_delta(str(folder / "lakehouse" / "bronze" / "customer_events"))
     assert bronze.select(pl.len()).collect().item() == counts["accepted"]
     assert counts["records"] == 10_000 + 500 + 100
+    # the declared tables' step: accounts evolved to v2 mid-stream (its v2 changes carry tier)
+    accounts = pl.read_delta(str(folder / "shop" / "lakehouse" / "silver" / "accounts"))
+    tiers = accounts["tier"]
+    assert tiers.null_count() < accounts.height
+    assert set(tiers.drop_nulls()) <= {"BRONZE", "SILVER", "GOLD"}
     # a second demo run starts from a fresh folder
     again = _cli("demo", "--dir", str(folder), "--events", "300")
     assert again.returncode == 0, again.stdout + again.stderr
     # its closing hint: commands that are none of its steps, each working as pasted
     lines = again.stdout.splitlines()
     hints = [line.strip() for line in lines[lines.index("next, from this folder:") + 1 :]]
-    assert len(hints) == 3 and all(" -m cdcflow " in h for h in hints), hints
-    assert [h.split(" -m cdcflow ")[1].split()[0] for h in hints] == ["as-of", "as-of", "optimize"]
+    assert len(hints) == 4 and all(" -m cdcflow " in h for h in hints), hints
+    assert [h.split(" -m cdcflow ")[1].split()[0] for h in hints] == [
+        "as-of",
+        "as-of",
+        "optimize",
+        "validate",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CDCFLOW", "SNOWFLAKE"))}
     for hint in hints:
         pasted = subprocess.run(
@@ -69,6 +79,8 @@ def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
         assert pasted.returncode == 0, (hint, pasted.stdout, pasted.stderr)
         if "as-of" in hint:
             assert "customer_id" in pasted.stdout and "(1 row)" in pasted.stdout
+        if "validate" in hint:  # the declared tables' step: both tables, no violation
+            assert "accounts" in pasted.stdout and "order_lines" in pasted.stdout
 
 
 def test_demo_refuses_a_foreign_folder(tmp_path: Path) -> None:

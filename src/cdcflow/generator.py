@@ -15,10 +15,11 @@ import os
 import random
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from cdcflow.model.events import CdcEvent
 from cdcflow.model.lsn import format_mssql_lsn, format_pg_lsn
@@ -26,6 +27,7 @@ from cdcflow.plan.dedup import classify
 from cdcflow.plan.reference import DeleteMode, ReferenceState, fold
 from cdcflow.plan.rules import Rejection, RuleSet, validate_record
 
+T = TypeVar("T")
 LsnNotation = Literal["postgres", "sqlserver", "decimal", "mixed"]
 
 _FIRST = ["Aarav", "Maya", "Liam", "Sofia", "Noah", "Yuki", "Omar", "Elena", "Kofi", "Ines"]
@@ -112,28 +114,32 @@ def _lsn_text(number: int, notation: LsnNotation, rng: random.Random) -> Any:
     return number if rng.random() < 0.5 else str(number)
 
 
-class _Pool:
-    """A set of customer ids with O(1) add, remove and uniform random choice."""
+class KeyPool(Generic[T]):
+    """A set of keys with O(1) add, remove and a uniform random choice that depends only on the
+    order of the calls (never on hashing: the same seed draws the same keys)."""
 
     def __init__(self) -> None:
-        self.items: list[str] = []
-        self.index: dict[str, int] = {}
+        self.items: list[T] = []
+        self.index: dict[T, int] = {}
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, item: str) -> None:
+    def __contains__(self, item: object) -> bool:
+        return item in self.index
+
+    def add(self, item: T) -> None:
         self.index[item] = len(self.items)
         self.items.append(item)
 
-    def remove(self, item: str) -> None:
+    def remove(self, item: T) -> None:
         i = self.index.pop(item)
         last = self.items.pop()
         if last != item:
             self.items[i] = last
             self.index[last] = i
 
-    def choice(self, rng: random.Random) -> str:
+    def choice(self, rng: random.Random) -> T:
         return self.items[rng.randrange(len(self.items))]
 
 
@@ -143,8 +149,8 @@ def _source_changes(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> 
     step = timedelta(hours=cfg.span_hours) / max(cfg.events, 1)
     lsn = 0xFFF000 if cfg.lsn_notation != "sqlserver" else (0x28 << 48) | (0x1BC << 16)
     rows: dict[str, dict[str, Any]] = {}
-    alive = _Pool()
-    deleted = _Pool()
+    alive = KeyPool[str]()
+    deleted = KeyPool[str]()
     next_id = 1000
     changes: list[str] = []
     for i in range(cfg.events):
@@ -253,43 +259,109 @@ def _invalid_record(i: int, rng: random.Random, now: datetime, valid: list[str])
     return json.dumps(base)
 
 
-def delivery_order(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> list[str]:
-    """The records in delivery (arrival) order, as JSON lines, in O(n log n).
+def arrange(
+    changes: list[str],
+    rng: random.Random,
+    out_of_order_rate: float,
+    late_rate: float,
+    duplicate_rate: float,
+    invalid_count: int,
+    make_invalid: Callable[[int], str],
+) -> list[str]:
+    """Source changes (commit order) → the records in delivery (arrival) order, in O(n log n).
 
     Source changes keep their commit-order slot except that a share of them swaps with a near
     neighbour (out of order) or moves towards the end of the stream (late); duplicates are
-    placed after their original; invalid records anywhere. Every record gets a sort key and
-    one stable sort builds the stream (no ``list.insert``).
+    placed after their original; invalid records (``make_invalid(k)``) anywhere. Every record
+    gets a sort key and one stable sort builds the stream (no ``list.insert``).
+
+    Args:
+        changes: JSON lines in commit order.
+        rng: the random source (consumed in a fixed order: same seed, same stream).
+        out_of_order_rate / late_rate / duplicate_rate: shares of ``len(changes)``.
+        invalid_count: invalid records to add.
+        make_invalid: k → the k-th invalid record.
 
     Returns:
         The records in delivery order.
     """
-    changes = _source_changes(cfg, rng, now)
     n = len(changes)
     order = list(range(n))
     # out of order: swap neighbours within a short window
-    for _ in range(int(n * cfg.out_of_order_rate)):
+    for _ in range(int(n * out_of_order_rate)):
         i = rng.randrange(n)
         j = min(n - 1, i + rng.randint(1, 25))
         order[i], order[j] = order[j], order[i]
     keys: list[float] = [float(slot) for slot in range(n)]
     # late: move some events towards the end of the stream (last fifth, after their own slot)
-    for _ in range(int(n * cfg.late_rate)):
+    for _ in range(int(n * late_rate)):
         slot = rng.randrange(n)
         keys[slot] = rng.uniform(max(keys[slot], n - n / 5), n)
     items: list[tuple[float, int, str]] = [
         (keys[slot], slot, changes[order[slot]]) for slot in range(n)
     ]
     serial = n
-    for _ in range(int(n * cfg.duplicate_rate)):
+    for _ in range(int(n * duplicate_rate)):
         slot = rng.randrange(n)
         items.append((rng.uniform(keys[slot], n), serial, changes[order[slot]]))
         serial += 1
-    for k in range(int(n * cfg.invalid_rate)):
-        items.append((rng.uniform(0, n), serial, _invalid_record(k, rng, now, changes)))
+    for k in range(invalid_count):
+        items.append((rng.uniform(0, n), serial, make_invalid(k)))
         serial += 1
     items.sort(key=lambda item: (item[0], item[1]))
     return [line for _, _, line in items]
+
+
+def delivery_order(cfg: GeneratorConfig, rng: random.Random, now: datetime) -> list[str]:
+    """The customers records in delivery (arrival) order, as JSON lines (:func:`arrange` of
+    the simulated source changes)."""
+    changes = _source_changes(cfg, rng, now)
+    n = len(changes)
+    return arrange(
+        changes,
+        rng,
+        cfg.out_of_order_rate,
+        cfg.late_rate,
+        cfg.duplicate_rate,
+        int(n * cfg.invalid_rate),
+        lambda k: _invalid_record(k, rng, now, changes),
+    )
+
+
+def write_landing(
+    out_dir: str | Path, delivery: list[str], files: int, gzip_every: int = 0
+) -> list[str]:
+    """Write records in delivery order into ``files`` landing files (atomically, each).
+
+    Files are named ``events-<n>.jsonl[.gz]`` after those already in the folder, and their
+    modification times follow their names, so landing order is name order.
+
+    Returns:
+        The paths written, in landing order.
+    """
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    existing = len(list(folder.glob("events-*.jsonl*")))
+    per_file = max(1, -(-len(delivery) // max(files, 1)))
+    base_mtime = datetime.now(UTC).timestamp() - 3600
+    written: list[str] = []
+    for f, start in enumerate(range(0, len(delivery), per_file)):
+        chunk = delivery[start : start + per_file]
+        number = existing + f + 1
+        gz = gzip_every > 0 and number % gzip_every == 0
+        path = folder / f"events-{number:05d}.jsonl{'.gz' if gz else ''}"
+        data = ("\n".join(chunk) + "\n").encode("utf-8")
+        tmp = path.with_name("." + path.name + ".tmp")
+        if gz:
+            with gzip.open(tmp, "wb") as handle:
+                handle.write(data)
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+        stamp = base_mtime + number
+        os.utime(path, (stamp, stamp))
+        written.append(str(path))
+    return written
 
 
 def generate(out_dir: str | Path, cfg: GeneratorConfig) -> GenerationSummary:
@@ -314,28 +386,7 @@ def generate(out_dir: str | Path, cfg: GeneratorConfig) -> GenerationSummary:
         records=len(delivery),
         lines=delivery,
     )
-
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    existing = len(list(folder.glob("events-*.jsonl*")))
-    per_file = max(1, -(-len(delivery) // max(cfg.files, 1)))
-    base_mtime = datetime.now(UTC).timestamp() - 3600
-    for f, start in enumerate(range(0, len(delivery), per_file)):
-        chunk = delivery[start : start + per_file]
-        number = existing + f + 1
-        gz = cfg.gzip_every > 0 and number % cfg.gzip_every == 0
-        path = folder / f"events-{number:05d}.jsonl{'.gz' if gz else ''}"
-        data = ("\n".join(chunk) + "\n").encode("utf-8")
-        tmp = path.with_name("." + path.name + ".tmp")
-        if gz:
-            with gzip.open(tmp, "wb") as handle:
-                handle.write(data)
-        else:
-            tmp.write_bytes(data)
-        os.replace(tmp, path)
-        stamp = base_mtime + number
-        os.utime(path, (stamp, stamp))
-        summary.files.append(str(path))
+    summary.files = write_landing(out_dir, delivery, cfg.files, cfg.gzip_every)
     return summary
 
 

@@ -19,17 +19,19 @@ personal-data columns (``PII_ATTRIBUTES``) are masked in the report.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 
 from cdcflow.errors import CdcflowError
 from cdcflow.layers.tables import SILVER
+from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import ATTRIBUTES, PII_ATTRIBUTES
-from cdcflow.plan.reference import SILVER_COLUMNS, ReferenceState
+from cdcflow.plan.reference import SILVER_COLUMNS, ContractState, ReferenceState
 
 KEY = "customer_id"
 #: How many example keys / differences a report keeps.
@@ -281,10 +283,10 @@ def _row_hash(columns: Sequence[str]) -> pl.Expr:
     return pl.concat_str(parts, separator=_SEP).hash(seed=0)
 
 
-def _show(value: Any, column: str) -> str | None:
+def _show(value: Any, column: str, pii: Collection[str] = PII_ATTRIBUTES) -> str | None:
     if value is None:
         return None
-    if column in PII_ATTRIBUTES:
+    if column in pii:
         return "<masked>"
     return str(value)
 
@@ -294,34 +296,38 @@ def compare(
     expected: pl.DataFrame,
     columns: Sequence[str],
     report: ReconcileReport,
+    key: str = KEY,
+    pii: Collection[str] = PII_ATTRIBUTES,
 ) -> ReconcileReport:
-    """Fill ``report`` with the key and field comparison of two frames keyed on customer_id.
+    """Fill ``report`` with the key and field comparison of two frames keyed on ``key``.
 
     Args:
-        actual: one row per customer_id (the state being checked).
-        expected: one row per customer_id (the reference).
+        actual: one row per key (the state being checked).
+        expected: one row per key (the reference).
         columns: the columns to compare (both frames must have them, with equal dtypes).
         report: the report to fill (counts already set).
+        key: the key column (text; a composite key is joined into one column first).
+        pii: columns whose sample values are masked.
 
     Returns:
         ``report``.
     """
     report.columns = list(columns)
-    report.duplicate_keys = (actual.height - actual[KEY].n_unique()) + (
-        expected.height - expected[KEY].n_unique()
+    report.duplicate_keys = (actual.height - actual[key].n_unique()) + (
+        expected.height - expected[key].n_unique()
     )
-    a = actual.select(KEY, *columns).with_columns(_row_hash(columns).alias("_hash"))
-    e = expected.select(KEY, *columns).with_columns(_row_hash(columns).alias("_hash"))
-    missing = e.join(a, on=KEY, how="anti").sort(KEY)
-    extra = a.join(e, on=KEY, how="anti").sort(KEY)
+    a = actual.select(key, *columns).with_columns(_row_hash(columns).alias("_hash"))
+    e = expected.select(key, *columns).with_columns(_row_hash(columns).alias("_hash"))
+    missing = e.join(a, on=key, how="anti").sort(key)
+    extra = a.join(e, on=key, how="anti").sort(key)
     report.missing_keys = missing.height
     report.extra_keys = extra.height
-    report.missing_sample = missing[KEY].head(SAMPLE_SIZE).to_list()
-    report.extra_sample = extra[KEY].head(SAMPLE_SIZE).to_list()
+    report.missing_sample = missing[key].head(SAMPLE_SIZE).to_list()
+    report.extra_sample = extra[key].head(SAMPLE_SIZE).to_list()
 
-    both = a.join(e, on=KEY, how="inner", suffix="_exp").sort(KEY)
+    both = a.join(e, on=key, how="inner", suffix="_exp").sort(key)
     diff_flags = [pl.col(name).ne_missing(pl.col(f"{name}_exp")).alias(name) for name in columns]
-    flags = both.select(KEY, *diff_flags, (pl.col("_hash") != pl.col("_hash_exp")).alias("_h"))
+    flags = both.select(key, *diff_flags, (pl.col("_hash") != pl.col("_hash_exp")).alias("_h"))
     report.field_differences = {name: n for name in columns if (n := int(flags[name].sum())) > 0}
     any_diff = pl.any_horizontal([pl.col(name) for name in columns]) if columns else pl.lit(False)
     report.rows_with_differences = int(flags.select(any_diff.sum()).item())
@@ -335,7 +341,10 @@ def compare(
             if row[name] != row[f"{name}_exp"]:
                 sample.append(
                     FieldDifference(
-                        row[KEY], name, _show(row[f"{name}_exp"], name), _show(row[name], name)
+                        row[key],
+                        name,
+                        _show(row[f"{name}_exp"], name, pii),
+                        _show(row[name], name, pii),
                     )
                 )
     report.difference_sample = sample[:SAMPLE_SIZE]
@@ -414,16 +423,99 @@ def reconcile_snapshot(
     return compare(live, snapshot, columns, report)
 
 
+# ----------------------------------------------------------------------------- declared tables
+#: The text form of a declared table's key in a comparison: its key columns joined by ``|``.
+KEY_TEXT = "_key"
+
+
+def contract_public_schema(contract: TableContract) -> pa.Schema:
+    """Arrow schema of a declared table's public Silver columns (Silver without the ``_cdc_``
+    registers: the keys, the columns, ``is_deleted``, ``is_active`` when derived, timestamps and
+    ``last_*``)."""
+    from cdcflow.layers.contract_tables import contract_tables
+
+    silver = contract_tables(contract).silver.schema
+    return pa.schema([f for f in silver if not f.name.startswith("_cdc_")])
+
+
+def contract_state_frame(contract: TableContract, state: ContractState) -> pl.DataFrame:
+    """The reference fold's rows of a declared table as a frame of its public Silver columns
+    (one row per key, Silver's types), sorted by key."""
+    schema = contract_public_schema(contract)
+    table = pa.Table.from_pylist(list(state.rows.values()), schema=schema)
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.sort(list(contract.keys))
+
+
+def reconcile_table(
+    actual: pl.DataFrame,
+    expected: pl.DataFrame,
+    contract: TableContract,
+    expected_label: str = "expected",
+    actual_label: str = "silver",
+) -> ReconcileReport:
+    """Compare a declared table's Silver with its expected state, keyed on its key columns.
+
+    Args:
+        actual / expected: one row per key with the table's public Silver columns (the
+            expected side may have fewer columns: only those are compared).
+        contract: the table's contract (keys; ``pii`` columns are masked in samples).
+        expected_label / actual_label: names shown in the report.
+
+    Returns:
+        The report; its samples name a composite key as its values joined by ``|``.
+
+    Raises:
+        ReconcileError: a key column is missing on either side, or a compared column on the
+            actual side.
+    """
+    keys = list(contract.keys)
+    for label, frame in ((expected_label, expected), (actual_label, actual)):
+        absent = [k for k in keys if k not in frame.columns]
+        if absent:
+            raise ReconcileError(f"{label}: missing key column(s) {absent}")
+    names = contract_public_schema(contract).names
+    columns = [c for c in names if c not in keys and c in expected.columns]
+    absent = [c for c in columns if c not in actual.columns]
+    if absent:
+        raise ReconcileError(f"{actual_label}: missing column(s) {absent}")
+    expected = expected.with_columns(
+        [
+            pl.col(c).cast(actual.schema[c])
+            for c in columns
+            if expected.schema[c] != actual.schema[c]
+        ]
+    )
+    text = pl.concat_str([pl.col(k).cast(pl.String) for k in keys], separator="|").alias(KEY_TEXT)
+    report = ReconcileReport(
+        kind="expected",
+        expected_label=expected_label,
+        actual_label=actual_label,
+        columns=[],
+        expected_counts=_side_counts(expected),
+        actual_counts=_side_counts(actual),
+    )
+    pii = frozenset(c.name for c in contract.columns if c.pii)
+    return compare(
+        actual.with_columns(text), expected.with_columns(text), columns, report, KEY_TEXT, pii
+    )
+
+
 __all__ = [
+    "KEY_TEXT",
     "FieldDifference",
     "ReconcileError",
     "ReconcileReport",
     "SideCounts",
+    "contract_public_schema",
+    "contract_state_frame",
     "frame_from_reference",
     "public_frame",
     "read_state_file",
     "reconcile_snapshot",
     "reconcile_state",
+    "reconcile_table",
     "silver_polars_schema",
     "write_state_file",
 ]

@@ -120,7 +120,8 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
     Args:
         config_path: the YAML file.
         declared_tables: the command works on declared tables (a ``tables:`` section):
-            ``run`` and ``validate``; the others work on the shipped customers tables only.
+            ``run``, ``validate``, ``generate``, ``reconcile`` and ``schema``; the others work
+            on the shipped customers tables only.
 
     Raises:
         ConfigError: the file is invalid, or it declares tables and the command does not
@@ -130,8 +131,8 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
     if config.tables and not declared_tables:
         raise ConfigError(
             f"{config_path}: key 'tables': this command works on the shipped customers tables "
-            "only yet (a config without tables:); declared tables run with `cdcflow run` and "
-            "`cdcflow validate`"
+            "only yet (a config without tables:); declared tables work with `cdcflow run`, "
+            "`generate`, `reconcile`, `validate` and `schema`"
         )
     setup_logging(config.logging.level, config.logging.file)
     return config

@@ -6,7 +6,10 @@ Steps (:data:`STEPS`, run in order; a step is a name and a function of the
 1. ``generate`` — sample landing files and the expected Silver state (reference fold);
 2. ``run`` — the pipeline, trigger available-now, several micro-batches (a table per batch);
 3. ``reconcile`` — Silver and quarantine against the expected state and counts;
-4. ``replay --verify`` — rebuild Silver from Bronze alone and compare with the live Silver.
+4. ``replay --verify`` — rebuild Silver from Bronze alone and compare with the live Silver;
+5. ``gold`` and ``snowflake`` — the Gold tables, then Silver and Gold synced to Snowflake;
+6. ``tables v1 → v2`` — a second pipeline of two declared tables (``<demo>/shop``: an integer
+   key, a composite key) whose accounts contract gains a column mid-stream.
 
 It ends with one summary table; the exit code is 1 when a step failed. After a passing demo it
 prints commands to try next (:func:`next_commands`): none of them a step the demo ran, each
@@ -174,6 +177,122 @@ def step_snowflake(ctx: DemoContext) -> tuple[bool, str]:
     return report.equal, report.summary()
 
 
+#: The declared tables of the demo's second pipeline (``<demo>/shop``): an integer key with
+#: typed columns, and a composite key with hard deletes and a foreign key.
+SHOP_TABLES: list[dict[str, Any]] = [
+    {
+        "name": "accounts",
+        "keys": ["account_id"],
+        "columns": [
+            {"name": "account_id", "type": "integer"},
+            {"name": "owner", "type": "string", "pii": True},
+            {"name": "balance", "type": "decimal(12,2)", "minimum": 0},
+            {"name": "opened_on", "type": "date"},
+            {"name": "vip", "type": "boolean"},
+        ],
+    },
+    {
+        "name": "order_lines",
+        "keys": ["order_id", "line_no"],
+        "delete_mode": "hard",
+        "columns": [
+            {"name": "order_id", "type": "string"},
+            {"name": "line_no", "type": "integer"},
+            {"name": "account_id", "type": "integer", "references": "accounts.account_id"},
+            {"name": "sku", "type": "string", "pattern": "[A-Z]{3}-[0-9]+"},
+            {"name": "quantity", "type": "integer", "minimum": 1},
+            {"name": "placed_at", "type": "timestamp"},
+        ],
+    },
+]
+#: The v2 contract's new nullable column of ``accounts`` (a backward-compatible change).
+SHOP_V2_COLUMN = {"name": "tier", "type": "string", "allowed_values": ["BRONZE", "SILVER", "GOLD"]}
+
+
+def write_shop_config(ctx: DemoContext, version: int) -> CdcflowConfig:
+    """Write ``<demo>/shop/cdcflow.yaml`` with the v1 or v2 contracts; returns it loaded."""
+    folder = (ctx.root / "shop").resolve()
+    tables = json.loads(json.dumps(SHOP_TABLES))
+    if version == 2:
+        tables[0]["version"] = 2
+        tables[0]["columns"].append(dict(SHOP_V2_COLUMN))
+    config = {
+        "pipeline": {"name": "shop"},
+        "storage": {"root": str(folder / "lakehouse")},
+        "source": {"path": str(folder / "landing"), "max_files_per_trigger": 2},
+        "checkpoint": {"location": str(folder / "lakehouse" / "_checkpoints" / "shop")},
+        "logging": {"level": "WARNING"},
+        "tables": tables,
+    }
+    path = folder / DEMO_MARKER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    ctx.data["shop_config"] = path
+    return load_config(path)
+
+
+def step_tables(ctx: DemoContext) -> tuple[bool, str]:
+    """Two declared tables in one pipeline; the accounts contract goes v1 → v2 mid-stream.
+
+    Generates half the changes under v1 and runs; adds the nullable ``tier`` column (v2),
+    generates the other half (with ``tier``) and runs again: the Delta tables evolve, earlier
+    rows read null. Each table's Silver is then compared with the reference fold of every
+    delivered record (:func:`cdcflow.table_generator.expected_tables`).
+    """
+    from datetime import UTC, datetime
+
+    from deltalake import DeltaTable
+
+    from cdcflow.cli.reconcile import print_report, reconcile_tables
+    from cdcflow.cli.render import batch_table
+    from cdcflow.pipeline import Pipeline, Trigger
+    from cdcflow.reconcile import contract_state_frame
+    from cdcflow.table_generator import TablesWorkload, expected_tables, generate_tables
+
+    half = max(100, ctx.events // 20)
+    now = datetime.now(UTC)
+    lines: list[str] = []
+    last_event, last_lsn, batches = 0, 10_000, 0
+    source = None
+    for version in (1, 2):
+        config = write_shop_config(ctx, version)
+        workload = TablesWorkload(
+            events=half,
+            keys=40,
+            files=2,
+            seed=ctx.seed + version,
+            first_event=last_event + 1,
+            first_lsn=last_lsn,
+            now=now - timedelta(hours=6 * (2 - version)),
+        )
+        summary = generate_tables(config.source.path, config.contracts(), workload, source)
+        lines += summary.lines
+        last_event, last_lsn, source = summary.last_event, summary.last_lsn, summary.source
+        reports = Pipeline(config).run(Trigger.parse("available-now"))
+        console.print(batch_table(reports, title=f"shop, contract v{version}"))
+        batches += len(reports)
+    outcomes, _ = expected_tables(
+        lines, config.contracts(), max_clock_skew=config.processing.max_clock_skew
+    )
+    expected = ctx.root / "shop" / "expected"
+    expected.mkdir(parents=True, exist_ok=True)
+    for contract in config.contracts():
+        frame = contract_state_frame(contract, outcomes[contract.name].state)
+        frame.write_parquet(expected / f"{contract.name}.parquet")
+    reports_by_table = reconcile_tables(config, expected)
+    for name, report in reports_by_table.items():
+        verdict = "[green]MATCH[/]" if report.ok else "[red]MISMATCH[/]"
+        print_report(report, f"{name}: reconciliation ({report.kind}): {verdict}")
+    log = DeltaTable(config.table_uri("audit/schema_log")).to_pyarrow_table().to_pylist()
+    evolved = any(r["table_name"] == "accounts" and "tier" in r["change"] for r in log)
+    matched = sum(r.ok for r in reports_by_table.values())
+    return evolved and matched == len(reports_by_table), (
+        f"accounts + order_lines, {2 * half} changes in {batches} micro-batches; contract v2 "
+        f"{'added accounts.tier' if evolved else 'NOT applied'}; "
+        f"{matched}/{len(reports_by_table)} tables equal the reference fold"
+    )
+
+
 #: The demo's steps, in order (extend by appending ``(name, function)``).
 STEPS: list[tuple[str, StepFn]] = [
     ("generate", step_generate),
@@ -182,6 +301,7 @@ STEPS: list[tuple[str, StepFn]] = [
     ("reconcile", step_reconcile),
     ("replay --verify", step_replay),
     ("snowflake", step_snowflake),
+    ("tables v1 → v2", step_tables),
 ]
 
 
@@ -297,7 +417,8 @@ def next_commands(ctx: DemoContext) -> list[str]:
 
     * ``as-of --version``: a customer of the first micro-batch as Silver held it then;
     * ``as-of --timestamp``: the same customer at an instant of its history;
-    * ``optimize``: compact, Z-order and vacuum the demo's tables.
+    * ``optimize``: compact, Z-order and vacuum the demo's tables;
+    * ``validate``: the declared tables' Silver against their contracts.
 
     Returns:
         Command lines, each working as pasted from the current folder.
@@ -331,6 +452,9 @@ def next_commands(ctx: DemoContext) -> list[str]:
                 instant = starts[len(starts) // 2].replace(microsecond=0) + timedelta(seconds=1)
                 commands.append(f"{base} --timestamp {instant:%Y-%m-%dT%H:%M:%SZ}")
     commands.append(f"{prog} optimize --config {config}")
+    shop = ctx.data.get("shop_config")
+    if shop is not None:
+        commands.append(f"{prog} validate --config {shlex.quote(str(shop))}")
     return commands
 
 

@@ -1,5 +1,10 @@
 """``cdcflow generate``: sample CDC landing files, plus the expected outcome for benchmarks.
 
+With ``--config F`` naming a config that declares tables (``tables:``), it writes changes of
+every declared table instead (:mod:`cdcflow.table_generator`), into the config's
+``source.path`` unless ``--out`` says otherwise; ``--expected DIR`` then writes one
+``<table>.parquet`` per table and ``counts.json``.
+
 With ``--expected FILE`` it also writes the expected Silver state (public columns, one row per
 customer_id; ``.parquet``, ``.csv`` or JSON lines) computed by the reference fold over the
 valid, de-duplicated records in arrival order, and a JSON file of expected counts
@@ -22,7 +27,9 @@ from cdcflow.cli.tables import output_width
 from cdcflow.errors import CdcflowError
 
 if TYPE_CHECKING:
+    from cdcflow.config import CdcflowConfig
     from cdcflow.generator import GenerationSummary
+    from cdcflow.table_generator import TablesSummary, TablesWorkload
 
 NOTATIONS = ("postgres", "sqlserver", "decimal", "mixed")
 
@@ -93,10 +100,124 @@ def summary_table(
     return table
 
 
+def write_tables_expected(
+    summary: TablesSummary,
+    config: CdcflowConfig,
+    folder: Path,
+    counts_path: Path | None = None,
+) -> dict[str, Any]:
+    """Write each declared table's expected Silver state and the expected counts.
+
+    Files: ``<folder>/<table>.parquet`` (one row per key: the table's public Silver columns,
+    :func:`cdcflow.reconcile.contract_state_frame`) and the counts JSON (default
+    ``<folder>/counts.json``: per table accepted, duplicates, quarantine per reason and Silver
+    rows / deleted / tombstones; ``unrouted`` per reason).
+
+    Returns:
+        The counts written.
+    """
+    from cdcflow.reconcile import contract_state_frame, write_state_file
+    from cdcflow.table_generator import expected_tables
+
+    contracts = config.contracts()
+    outcomes, unrouted = expected_tables(
+        summary.lines, contracts, max_clock_skew=config.processing.max_clock_skew
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    for contract in contracts:
+        frame = contract_state_frame(contract, outcomes[contract.name].state)
+        write_state_file(frame, folder / f"{contract.name}.parquet")
+    counts: dict[str, Any] = {
+        "records": summary.records,
+        "tables": {name: outcome.counts() for name, outcome in outcomes.items()},
+        "unrouted": dict(sorted(unrouted.items())),
+    }
+    target = counts_path or folder / "counts.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(counts, indent=1) + "\n", encoding="utf-8")
+    return counts
+
+
+def tables_summary_table(
+    summary: TablesSummary, out: Path, expected: Path | None, counts: dict[str, Any] | None
+) -> Table:
+    """What ``generate --config`` wrote for declared tables, one ``what | value`` line each."""
+    table = Table(title="generate", title_justify="left")
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_row("landing folder", str(out))
+    table.add_row("files", str(len(summary.files)))
+    changes = sum(summary.changes.values())
+    table.add_row(
+        "records",
+        f"{summary.records:,} ({changes:,} changes, {summary.duplicates:,} duplicates, "
+        f"{summary.invalid:,} invalid)",
+    )
+    for name, n in summary.changes.items():
+        table.add_row(f"  {name}", f"{n:,} changes")
+    if expected is not None and counts is not None:
+        table.add_row("expected state", f"{expected}/<table>.parquet")
+        for name, tc in counts["tables"].items():
+            silver = tc["silver"]
+            reasons = ", ".join(f"{k} {v:,}" for k, v in tc["quarantine"].items()) or "none"
+            table.add_row(
+                f"  {name}",
+                f"{silver['rows']:,} Silver rows ({silver['deleted']:,} deleted, "
+                f"{silver['tombstones']:,} tombstones); quarantined {reasons}",
+            )
+        unrouted = ", ".join(f"{k} {v:,}" for k, v in counts["unrouted"].items()) or "none"
+        table.add_row("  unrouted", unrouted)
+    return table
+
+
+def _generate_tables(
+    config: CdcflowConfig,
+    out: Path,
+    workload: TablesWorkload,
+    expected: Path | None,
+    expected_counts: Path | None,
+) -> None:
+    from cdcflow.table_generator import generate_tables
+
+    if expected is not None and expected.suffix:
+        raise CdcflowError(
+            f"--expected: with declared tables it is a folder (one <table>.parquet each), "
+            f"got the file name {expected}"
+        )
+    with working("generate: writing landing files"):
+        summary = generate_tables(out, config.contracts(), workload)
+    counts = None
+    if expected is not None:
+        with working("generate: computing the expected state"):
+            counts = write_tables_expected(summary, config, expected, expected_counts)
+    table = tables_summary_table(summary, out, expected, counts)
+    console.print(table, width=output_width(console))
+
+
 def generate(
-    out: Annotated[Path, typer.Option(help="Landing folder to write into.")] = Path("./landing"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Landing folder to write into [default: ./landing; with --config, its "
+            "source.path].",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="A config declaring tables: write changes of every declared table (values "
+            "drawn from each contract); --expected is then a folder.",
+            show_default=False,
+        ),
+    ] = None,
     events: Annotated[int, typer.Option(min=1, help="Number of source changes.")] = 2000,
     customers: Annotated[int, typer.Option(min=1, help="Number of distinct customers.")] = 300,
+    keys: Annotated[
+        int, typer.Option(min=1, help="Distinct keys per declared table (with --config).")
+    ] = 100,
     files: Annotated[int, typer.Option(min=1, help="Number of files to split into.")] = 10,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 42,
     duplicate_rate: Annotated[float, typer.Option(min=0, max=1)] = 0.05,
@@ -110,7 +231,10 @@ def generate(
     gzip_every: Annotated[int, typer.Option(min=0, help="Gzip every n-th file (0: none).")] = 0,
     expected: Annotated[
         Path | None,
-        typer.Option(help="Also write the expected Silver state here (.parquet/.csv/.jsonl)."),
+        typer.Option(
+            help="Also write the expected Silver state here (.parquet/.csv/.jsonl; with "
+            "--config declaring tables: a folder, one <table>.parquet each)."
+        ),
     ] = None,
     expected_counts: Annotated[
         Path | None,
@@ -126,6 +250,32 @@ def generate(
     """
     if lsn_notation not in NOTATIONS:
         raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
+    if config is not None:
+        from cdcflow.cli.app import load
+
+        loaded = load(config, declared_tables=True)
+        if out is None:
+            out = Path(loaded.source.path)
+        if loaded.tables:
+            from cdcflow.table_generator import TablesWorkload
+
+            if lsn_notation != "postgres":
+                raise CdcflowError("--lsn-notation: declared tables get integer LSNs only")
+            workload = TablesWorkload(
+                events=events,
+                keys=keys,
+                files=files,
+                seed=seed,
+                duplicate_rate=duplicate_rate,
+                out_of_order_rate=out_of_order_rate,
+                late_rate=late_rate,
+                invalid_rate=invalid_rate,
+                partial_rate=partial_rate,
+                gzip_every=gzip_every,
+            )
+            _generate_tables(loaded, out, workload, expected, expected_counts)
+            return
+    out = out or Path("./landing")
     from cdcflow.generator import GeneratorConfig
     from cdcflow.generator import generate as write_events
 

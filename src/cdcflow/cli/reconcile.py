@@ -110,6 +110,49 @@ def run_reconcile(
     return reconcile_snapshot(actual, snapshot, snapshot_label=str(source_snapshot))
 
 
+def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, ReconcileReport]:
+    """Compare every declared table's Silver with ``<expected>/<table>.parquet``.
+
+    The folder is what ``cdcflow generate --config F --expected DIR`` writes.
+
+    Returns:
+        table → its report, in declared order.
+
+    Raises:
+        CdcflowError: the folder or a table's expected file is missing or unreadable.
+    """
+    import polars as pl
+    from deltalake import DeltaTable
+
+    from cdcflow.reconcile import contract_public_schema, reconcile_table
+
+    if not expected.is_dir():
+        raise CdcflowError(
+            f"--expected: with declared tables it is the folder `cdcflow generate --config F "
+            f"--expected DIR` wrote (one <table>.parquet each); {expected} is not a folder"
+        )
+    reports: dict[str, ReconcileReport] = {}
+    for contract in config.contracts():
+        path = expected / f"{contract.name}.parquet"
+        if not path.is_file():
+            raise CdcflowError(f"--expected: no expected state of table {contract.name}: {path}")
+        try:
+            frame = pl.read_parquet(path)
+        except Exception as exc:
+            raise CdcflowError(f"--expected: cannot read {path} ({type(exc).__name__})") from exc
+        columns = contract_public_schema(contract).names
+        silver = DeltaTable(
+            config.table_uri(contract.table_names.silver),
+            storage_options=config.storage.options or None,
+        )
+        actual = pl.from_arrow(silver.to_pyarrow_table(columns=columns))
+        assert isinstance(actual, pl.DataFrame)
+        reports[contract.name] = reconcile_table(
+            actual, frame, contract, expected_label=str(path), actual_label=contract.name
+        )
+    return reports
+
+
 def report_table(report: ReconcileReport, title: str | None = None) -> Table:
     """Rich summary of a reconciliation: counts per side, key and field differences."""
     verdict = "[green]MATCH[/]" if report.ok else "[red]MISMATCH[/]"
@@ -147,9 +190,9 @@ def report_table(report: ReconcileReport, title: str | None = None) -> Table:
     return table
 
 
-def print_report(report: ReconcileReport) -> None:
+def print_report(report: ReconcileReport, title: str | None = None) -> None:
     """Print the summary table and the samples of what differs."""
-    console.print(report_table(report))
+    console.print(report_table(report, title))
     if report.missing_sample:
         console.print(f"missing keys (first {len(report.missing_sample)}): {report.missing_sample}")
     if report.extra_sample:
@@ -189,7 +232,26 @@ def reconcile(
         from cdcflow.cli.sync import verify_snowflake
 
         raise typer.Exit(verify_snowflake(config))
-    report = run_reconcile(load(config), expected, source_snapshot, target)
+    loaded = load(config, declared_tables=True)
+    if loaded.tables:
+        if expected is None or source_snapshot is not None or target != "silver":
+            raise CdcflowError(
+                "reconcile: declared tables are compared with --expected DIR (what `cdcflow "
+                "generate --config F --expected DIR` wrote), on the silver target"
+            )
+        reports = reconcile_tables(loaded, expected)
+        ok = all(r.ok for r in reports.values())
+        if output == "json":
+            data = {"ok": ok, "tables": {n: r.to_json() for n, r in reports.items()}}
+            typer.echo(json.dumps(data, indent=1, default=str))
+        else:
+            for name, report in reports.items():
+                verdict = "[green]MATCH[/]" if report.ok else "[red]MISMATCH[/]"
+                print_report(report, f"{name}: reconciliation ({report.kind}): {verdict}")
+        if not ok:
+            raise typer.Exit(1)
+        return
+    report = run_reconcile(loaded, expected, source_snapshot, target)
     if output == "json":
         typer.echo(json.dumps(report.to_json(), indent=1, default=str))
     else:

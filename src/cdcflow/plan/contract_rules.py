@@ -112,6 +112,16 @@ def _path(record: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def route_name(record: dict[str, Any]) -> str | None:
+    """The table a record names in ``metadata.source_table`` (the part after the last dot), or
+    None when it names none."""
+    metadata = record.get("metadata")
+    name = metadata.get("source_table") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        return None
+    return name.strip().rsplit(".", 1)[-1]
+
+
 def _blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value.strip() == "")
 
@@ -178,6 +188,9 @@ class ContractValidator:
                     format_reason,
                     f"{spec.name} does not match its key pattern {pattern.pattern!r}",
                 )
+            broken = check_constraints(spec, typed)  # the key column's own constraints
+            if broken is not None:
+                return Rejection(format_reason, broken)
             key.append(typed)
         return tuple(key)
 

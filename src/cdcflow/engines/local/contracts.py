@@ -76,7 +76,7 @@ from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.dedup import classify
 from cdcflow.plan.merge_spec import key_predicate, silver_merge_spec
 from cdcflow.plan.rules import Rejection, parse_record
@@ -156,16 +156,6 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def route_name(record: dict[str, Any]) -> str | None:
-    """The table a record names in ``metadata.source_table`` (the part after the last dot), or
-    None when it names none."""
-    metadata = record.get("metadata")
-    name = metadata.get("source_table") if isinstance(metadata, dict) else None
-    if not isinstance(name, str) or not name.strip():
-        return None
-    return name.strip().rsplit(".", 1)[-1]
 
 
 class ContractTable:
