@@ -200,6 +200,46 @@ def test_contract_errors_name_the_file_the_table_and_the_key(
     assert "\n" not in str(caught.value)
 
 
+def test_a_table_contract_may_be_a_file_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tables:`` items that are paths: relative to the config file, one contract or a list."""
+    (tmp_path / "conf" / "t").mkdir(parents=True)
+    (tmp_path / "conf" / "t" / "one.yaml").write_text(
+        "name: accounts\nkeys: [id]\ncolumns: [{name: id, type: integer}, {name: n}]\n"
+    )
+    (tmp_path / "conf" / "t" / "two.yaml").write_text(
+        "- {name: a, keys: [k], columns: [{name: k}]}\n"
+        "- {name: b, keys: [k], columns: [{name: k}]}\n"
+    )
+    config = tmp_path / "conf" / "cdcflow.yaml"
+    config.write_text(
+        "tables:\n  - t/one.yaml\n  - {name: inline, keys: [k], columns: [{name: k}]}\n"
+        "  - t/two.yaml\n"
+    )
+    monkeypatch.chdir(tmp_path)  # relative to the config file, not to the current folder
+    loaded = load_config(config)
+    assert [c.name for c in loaded.contracts()] == ["accounts", "inline", "a", "b"]
+    assert loaded.contracts()[0].column("id").type == "integer"
+    # an error inside a table file names the config, the key and the table file
+    (tmp_path / "conf" / "t" / "one.yaml").write_text(
+        "name: accounts\nkeys: [id]\ncolumns: [{name: id, type: integr}]\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    message = str(caught.value)
+    assert str(config) in message and "tables[accounts].columns[id].type" in message
+    assert "one.yaml" in message and "\n" not in message
+    # a missing or malformed table file: one line naming the item and the file
+    for text, problem in (("  - t/none.yaml\n", "cannot read"), ("  - t/bad.yaml\n", "YAML")):
+        (tmp_path / "conf" / "t" / "bad.yaml").write_text("name: [unclosed\n")
+        config.write_text("tables:\n" + text)
+        with pytest.raises(ConfigError) as caught:
+            load_config(config)
+        message = str(caught.value)
+        assert "tables[0]" in message and problem in message and "\n" not in message
+
+
 def test_a_key_column_must_be_keyable() -> None:
     with pytest.raises(ValueError, match="cannot be a key"):
         TableContract(name="t", keys=("v",), columns=(ColumnSpec(name="v", type="json"),))

@@ -30,6 +30,7 @@ from cdcflow.layers.schema_log import SchemaDriftError
 from cdcflow.model.contracts import TableContract
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.history import contract_timeline
 from cdcflow.plan.reference import fold_changes
 from tests import forkrun
 from tests.conftest import REPO
@@ -119,10 +120,8 @@ def contract_of(config: CdcflowConfig, name: str) -> TableContract:
     return next(c for c in config.contracts() if c.name == name)
 
 
-def expected_silver(
-    config: CdcflowConfig, lines: list[str], name: str
-) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """The reference fold of ``name``'s first-arriving valid copies, in arrival order."""
+def first_copies(config: CdcflowConfig, lines: list[str], name: str) -> list[ChangeEvent]:
+    """``name``'s first-arriving valid copies, in arrival order."""
     contract = contract_of(config, name)
     validator = ContractValidator(contract, NOW + timedelta(hours=1), timedelta(minutes=5))
     first: dict[str, ChangeEvent] = {}
@@ -133,16 +132,38 @@ def expected_silver(
         event = validator.validate_object(record)
         if isinstance(event, ChangeEvent):
             first.setdefault(event.event_id, event)
-    return fold_changes(first.values(), contract, contract.delete_mode).rows
+    return list(first.values())
+
+
+def expected_silver(
+    config: CdcflowConfig, lines: list[str], name: str
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The reference fold of ``name``'s first-arriving valid copies, in arrival order."""
+    contract = contract_of(config, name)
+    return fold_changes(first_copies(config, lines, name), contract, contract.delete_mode).rows
 
 
 def assert_silver_is_the_fold(config: CdcflowConfig, lines: list[str]) -> None:
+    """Silver equals the reference fold, and the SCD2 history the reference timeline."""
     for name in ("accounts", "order_lines"):
         want = expected_silver(config, lines, name)
-        got = silver(config, contract_of(config, name))
+        contract = contract_of(config, name)
+        got = silver(config, contract)
         assert set(got) == set(want), name
         for key, row in want.items():
             assert {c: got[key][c] for c in row} == row, (name, key)
+        events = first_copies(config, lines, name)
+        timelines = contract_timeline(events, contract, contract.delete_mode)
+        stored: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for version in sorted(
+            rows(config, contract.table_names.history), key=lambda r: r["sequence"]
+        ):
+            stored.setdefault(tuple(version[k] for k in contract.keys), []).append(version)
+        assert set(stored) == set(timelines), name
+        for key, versions in timelines.items():
+            assert [
+                {c: v[c] for c in want_v} for v, want_v in zip(stored[key], versions, strict=True)
+            ] == versions, (name, key)
 
 
 # ----------------------------------------------------------------------------- scenarios
@@ -312,6 +333,7 @@ def test_a_killed_run_recovers_to_the_uninterrupted_result(tmp_path: Path) -> No
         "after_quarantine",
         "after_silver_merge",
         "after_silver",
+        "after_history",
         "after_outcomes",
         "after_audit",
         "after_commit",
@@ -325,6 +347,8 @@ def test_a_killed_run_recovers_to_the_uninterrupted_result(tmp_path: Path) -> No
         "silver/order_lines",
         "silver/accounts_tombstones",
         "silver/order_lines_tombstones",
+        "silver/accounts_history",
+        "silver/order_lines_history",
         "quarantine/order_lines_events",
         "audit/table_batch_log",
     ):

@@ -395,6 +395,7 @@ def load_config(path: str | Path) -> CdcflowConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of sections")
     raw = _interpolate(raw, file)
+    origins = _include_tables(raw, file)
     _resolve_relative(raw, Path.cwd())
     overrides = _env_overrides()
     try:
@@ -413,8 +414,58 @@ def load_config(path: str | Path) -> CdcflowConfig:
                 (name for path, name in overrides.items() if loc[: len(path)] == path), None
             )
             where = f"environment variable {origin}: " if origin else ""
-            problems.append(f"{where}key '{key}': {msg}")
+            index = err["loc"][1] if len(err["loc"]) > 1 and loc[0] == "tables" else None
+            table_file = origins.get(index) if isinstance(index, int) else None
+            within = f" (table file {table_file})" if table_file is not None else ""
+            problems.append(f"{where}key '{key}'{within}: {msg}")
         raise ConfigError(f"{file}: " + "; ".join(problems)) from None
+
+
+def _include_tables(raw: dict[str, Any], file: Path) -> dict[int, Path]:
+    """Replace each ``tables:`` item that is a path by the contract(s) of that YAML file.
+
+    A table file holds one table contract (a mapping) or a list of them; a relative path is
+    relative to the folder of the config file naming it. ``${VAR}`` references are expanded
+    as in the config.
+
+    Returns:
+        The index in the expanded ``tables`` list → the file it came from (errors name it).
+
+    Raises:
+        ConfigError: a table file is missing, unreadable, not YAML or not contracts (the
+            message names the config, the item and the file).
+    """
+    tables = raw.get("tables")
+    if not isinstance(tables, list):
+        return {}
+    expanded: list[Any] = []
+    origins: dict[int, Path] = {}
+    for index, entry in enumerate(tables):
+        if not isinstance(entry, str):
+            expanded.append(entry)
+            continue
+        path = Path(entry) if Path(entry).is_absolute() else file.parent / entry
+        where = f"{file}: key 'tables[{index}]'"
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}: cannot read the table file {path} ({exc.strerror})"
+            ) from None
+        except (UnicodeDecodeError, yaml.YAMLError) as exc:
+            problem = str(exc).splitlines()[0]
+            raise ConfigError(f"{where}: table file {path} is not valid YAML ({problem})") from None
+        items = loaded if isinstance(loaded, list) else [loaded]
+        for item in items:
+            if not isinstance(item, dict):
+                raise ConfigError(
+                    f"{where}: table file {path} must hold a table contract (a mapping) or a "
+                    "list of them"
+                )
+            origins[len(expanded)] = path
+            expanded.append(_interpolate(item, path))
+    raw["tables"] = expanded
+    return origins
 
 
 def _key_text(loc: tuple[Any, ...], raw: Any) -> str:

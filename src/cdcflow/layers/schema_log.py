@@ -131,13 +131,14 @@ def drift_message(contract: TableContract, changes: list[Change], config_file: s
 
 
 def added_fields(contract: TableContract, column: str) -> dict[str, list[pa.Field]]:
-    """Table name → the fields to add for a new nullable column: Bronze (the column), Silver
-    (the column and its sequence register)."""
+    """Table name → the fields to add for a new nullable column: Bronze and history (the
+    column), Silver (the column and its sequence register)."""
     tables = contract_tables(contract)
     field = pa.field(column, arrow_type(contract.column(column).type), nullable=True)
     return {
         tables.bronze.name: [field],
         tables.silver.name: [field, pa.field(register(column), pa.string(), nullable=True)],
+        tables.history.name: [field],
     }
 
 
@@ -160,7 +161,13 @@ def retire(root: Path, contract: TableContract, old: TableContract, now: datetim
     target = root / "_retired" / old.name / f"v{old.version}-{stamp}"
     names = {old.table_names, contract.table_names}
     for tables in names:
-        for path in (tables.bronze, tables.quarantine, tables.silver, tables.tombstones):
+        for path in (
+            tables.bronze,
+            tables.quarantine,
+            tables.silver,
+            tables.tombstones,
+            tables.history,
+        ):
             source = root / path
             if source.exists():
                 destination = target / path

@@ -34,8 +34,17 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import CdcEvent, Operation
-from cdcflow.plan.reference import SILVER_COLUMNS, DeleteMode, ReferenceState, apply_event
+from cdcflow.plan.contract_rules import ChangeEvent
+from cdcflow.plan.reference import (
+    SILVER_COLUMNS,
+    ContractState,
+    DeleteMode,
+    ReferenceState,
+    apply_change,
+    apply_event,
+)
 
 #: Columns of ``silver/customer_history``, in table order.
 HISTORY_COLUMNS = (
@@ -129,4 +138,59 @@ def state_as_of(
     return out
 
 
-__all__ = ["HISTORY_COLUMNS", "state_as_of", "timeline"]
+def contract_timeline(
+    events: Iterable[ChangeEvent], contract: TableContract, mode: DeleteMode = "soft"
+) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """Expected history of a declared table: the rules of :func:`timeline`, keyed by the key
+    tuple, over the contract's columns (:func:`cdcflow.plan.reference.apply_change`).
+
+    A hard-mode DELETE version holds the key, the contract's ``soft_delete_values`` (every
+    other non-key column null), ``is_deleted`` true, ``is_active`` false (when derived), no
+    ``created_at``, and the event's timestamps and ``last_*``.
+
+    Args:
+        events: accepted first copies (one per event_id), any order, any keys.
+        contract: the table's contract.
+        mode: ``soft`` or ``hard``.
+
+    Returns:
+        key tuple → its versions in ascending sequence (public Silver columns, ``event_id``,
+        ``operation``, ``lsn``, ``sequence``, ``valid_from``, ``valid_to``, ``is_current``).
+    """
+    state = ContractState()
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for event in sorted(events, key=lambda e: e.sequence):
+        apply_change(state, event, contract, mode)
+        if mode == "hard" and event.operation is Operation.DELETE:
+            image: dict[str, Any] = dict(zip(contract.keys, event.key, strict=True))
+            image.update(dict.fromkeys(c.name for c in contract.attributes))
+            image.update(contract.soft_delete_values)
+            image.update(is_deleted=True, created_at=None, deleted_at=event.event_timestamp)
+            if contract.derived_active is not None:
+                image["is_active"] = False
+            image.update(
+                last_updated_at=event.event_timestamp,
+                last_event_id=event.event_id,
+                last_operation=event.operation.value,
+                last_lsn=event.lsn,
+            )
+        else:
+            image = dict(state.rows[event.key])
+        image.update(
+            event_id=event.event_id,
+            operation=event.operation.value,
+            lsn=event.lsn,
+            sequence=event.sequence,
+            valid_from=event.event_timestamp,
+            valid_to=None,
+            is_current=True,
+        )
+        versions = out.setdefault(event.key, [])
+        if versions:
+            versions[-1]["valid_to"] = event.event_timestamp
+            versions[-1]["is_current"] = False
+        versions.append(image)
+    return out
+
+
+__all__ = ["HISTORY_COLUMNS", "contract_timeline", "state_as_of", "timeline"]

@@ -135,6 +135,45 @@ class ContractState:
     tombstones: dict[tuple[Any, ...], str] = field(default_factory=dict)
 
 
+def apply_change(
+    state: ContractState, event: ChangeEvent, contract: TableContract, mode: DeleteMode = "soft"
+) -> None:
+    """Apply one accepted change to a contract's state (the rules of :func:`apply_event`).
+
+    Args:
+        state: updated in place.
+        event: a first copy, applied in ascending sequence after those already applied.
+        contract: the table's contract.
+        mode: ``soft`` or ``hard``.
+    """
+    key = event.key
+    if event.operation is Operation.DELETE and mode == "hard":
+        state.rows.pop(key, None)
+        state.tombstones[key] = event.sequence
+        return
+    row = state.rows.get(key)
+    if row is None:
+        row = dict(zip(contract.keys, key, strict=True))
+        row.update(dict.fromkeys(c.name for c in contract.attributes))
+        row.update(is_deleted=False, created_at=event.event_timestamp)
+        state.rows[key] = row
+    if event.operation is Operation.DELETE:
+        row.update(contract.soft_delete_values)
+        row.update(is_deleted=True, deleted_at=event.event_timestamp)
+    else:
+        row.update(event.values)
+        row.update(is_deleted=False, deleted_at=None)
+    if contract.derived_active is not None:
+        column, value = contract.derived_active
+        row["is_active"] = not row["is_deleted"] and row[column] == value
+    row.update(
+        last_updated_at=event.event_timestamp,
+        last_event_id=event.event_id,
+        last_operation=event.operation.value,
+        last_lsn=event.lsn,
+    )
+
+
 def fold_changes(
     events: Iterable[ChangeEvent], contract: TableContract, mode: DeleteMode = "soft"
 ) -> ContractState:
@@ -150,32 +189,6 @@ def fold_changes(
         The expected Silver rows and hard-mode tombstones.
     """
     state = ContractState()
-    attributes = [c.name for c in contract.attributes]
     for event in sorted(events, key=lambda e: e.sequence):
-        key = event.key
-        if event.operation is Operation.DELETE and mode == "hard":
-            state.rows.pop(key, None)
-            state.tombstones[key] = event.sequence
-            continue
-        row = state.rows.get(key)
-        if row is None:
-            row = dict(zip(contract.keys, key, strict=True))
-            row.update(dict.fromkeys(attributes))
-            row.update(is_deleted=False, created_at=event.event_timestamp)
-            state.rows[key] = row
-        if event.operation is Operation.DELETE:
-            row.update(contract.soft_delete_values)
-            row.update(is_deleted=True, deleted_at=event.event_timestamp)
-        else:
-            row.update(event.values)
-            row.update(is_deleted=False, deleted_at=None)
-        if contract.derived_active is not None:
-            column, value = contract.derived_active
-            row["is_active"] = not row["is_deleted"] and row[column] == value
-        row.update(
-            last_updated_at=event.event_timestamp,
-            last_event_id=event.event_id,
-            last_operation=event.operation.value,
-            last_lsn=event.lsn,
-        )
+        apply_change(state, event, contract, mode)
     return state

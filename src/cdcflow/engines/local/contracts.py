@@ -23,14 +23,16 @@ followed by its crash point (:mod:`cdcflow.state.faults`):
    ``after_quarantine``
 3. Silver MERGE (the contract's fold and MERGE spec, ON every key column) —
    ``after_silver_merge``; hard mode: the tombstone MERGE and purge — ``after_silver``
+4. SCD2 history MERGE of the touched keys (their timelines recomputed from Bronze, the same
+   rendering as customers', :mod:`cdcflow.engines.local.history`) — ``after_history``
 
 then ``quarantine/unrouted_events``, ``audit/table_batch_log`` (one row per table per
 micro-batch: ``batch_id``, ``table_name``, ``records_received``, ``accepted``, ``quarantined``,
 ``duplicates``, ``inserts``, ``updates``, ``deletes``, ``silver_version``) — ``after_outcomes``
 — and ``audit/batch_log`` (one row per micro-batch, the totals) — ``after_audit``.
 
-Not yet for declared tables (the customers tables have them): the SCD2 history, Gold, the
-per-event ``audit/event_outcomes``, and the Spark engine.
+Not yet for declared tables (the customers tables have them): Gold, the per-event
+``audit/event_outcomes``, and the Spark engine.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from cdcflow.engines.local.delta import (
     txn_done,
 )
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
+from cdcflow.engines.local.history import merge_history
 from cdcflow.engines.local.merges import merge_silver, merge_tombstones
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, contract_tables
@@ -314,7 +317,25 @@ class ContractTable:
             if self.contract.delete_mode == "hard":
                 self._merge_tombstones(events, offsets)
             crash_point("after_silver", batch_id)
+            self._merge_history(events, batch_id)
+            crash_point("after_history", batch_id)
         report.silver_version = self.store.table(self.tables.silver).version()
+
+    def _merge_history(self, events: pl.DataFrame, batch_id: int) -> None:
+        """The SCD2 history of the keys the batch touched, recomputed from Bronze (one MERGE;
+        :mod:`cdcflow.engines.local.history`)."""
+        keys = events.select(self.keys).unique()
+        until = (pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate")
+        merge_history(
+            self.store.table(self.tables.history),
+            lambda: self._read_keys(self.tables.bronze, keys, self.fold_columns, until),
+            keys.rows(),
+            self.contract.delete_mode,
+            self.app_id,
+            batch_id,
+            self.contract,
+            lambda names: self._read_keys(self.tables.history, keys, names, None),
+        )
 
     def _merge_silver(self, events: pl.DataFrame, batch_id: int) -> None:
         silver = self.store.table(self.tables.silver)
@@ -417,6 +438,7 @@ class LocalContractsEngine:
                 tables.quarantine,
                 tables.silver,
                 tables.tombstones,
+                tables.history,
             ]
         paths = [spec.name for spec in specs]
         twice = sorted({p for p in paths if paths.count(p) > 1})

@@ -1,4 +1,5 @@
-"""Polars / delta-rs rendering of ``silver/customer_history`` (SCD2).
+"""Polars / delta-rs rendering of ``silver/customer_history`` and of every declared table's
+history (SCD2), from the table's contract.
 
 Semantics: :mod:`cdcflow.plan.history` (one version per first-copy event, in sequence order, the
 row image after it, ``valid_from`` / ``valid_to`` / ``is_current``).
@@ -20,73 +21,89 @@ add nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import polars as pl
 from deltalake import DeltaTable
 
 from cdcflow.engines.local.delta import commit_props, read_where_in, txn_done
-from cdcflow.layers.tables import HISTORY
-from cdcflow.model.events import ATTRIBUTE_BIT, ATTRIBUTES
+from cdcflow.layers.contract_tables import contract_tables
+from cdcflow.model.contracts import CUSTOMERS, TableContract, coerce
 from cdcflow.plan.reference import DeleteMode
 
 _DELETE = pl.col("operation") == "DELETE"
-_KEY = ("customer_id", "sequence")
 _FLAG = "_cdc_delete"
 
 
-def history_frame(events: pl.DataFrame, mode: DeleteMode) -> pl.DataFrame:
-    """Timeline of every customer in ``events``: one row per event (version).
+def history_frame(
+    events: pl.DataFrame, mode: DeleteMode, contract: TableContract = CUSTOMERS
+) -> pl.DataFrame:
+    """Timeline of every key in ``events``: one row per event (version).
 
     Args:
-        events: every accepted first-copy event of the customers (Bronze columns
-            ``FOLD_COLUMNS``: customer_id, event_id, operation, event_timestamp, the attributes,
-            present_mask, lsn, sequence), any order.
+        events: every accepted first-copy event of the keys (Bronze columns: the key columns,
+            event_id, operation, event_timestamp, the contract's non-key columns, present_mask,
+            lsn, sequence), any order.
         mode: ``soft`` or ``hard`` delete mode.
+        contract: the table's contract (default: the shipped customers contract): its keys,
+            non-key columns (``present_mask`` bit i = the i-th), ``soft_delete_values`` and
+            ``derived_active``.
 
     Returns:
-        One row per (customer_id, sequence) with the ``silver/customer_history`` columns, sorted by
-        customer_id, sequence.
+        One row per (key, sequence) with the history table's columns, sorted by key, sequence.
     """
-    df = events.sort("customer_id", "sequence").with_row_index("_i")
+    keys = list(contract.keys)
+    schema = contract_tables(contract).history.schema
+    df = events.sort(*keys, "sequence").with_row_index("_i")
     if mode == "hard":
         # a hard DELETE ends the row: later events start a fresh one (segment = DELETEs before)
         dels = _DELETE.cast(pl.Int32)
-        df = df.with_columns((dels.cum_sum().over("customer_id") - dels).alias("_seg"))
-        group = ["customer_id", "_seg"]
+        df = df.with_columns((dels.cum_sum().over(keys) - dels).alias("_seg"))
+        group = [*keys, "_seg"]
     else:
         df = df.with_columns(pl.lit(0, pl.Int32).alias("_seg"))
-        group = ["customer_id"]
+        group = keys
 
-    # each attribute = the value of the latest carrier (an INSERT/UPDATE holding it) so far
+    # each column = the value of the latest carrier (an INSERT/UPDATE holding it) so far; in
+    # soft mode a DELETE carries the soft-delete values (customers: status DELETED)
+    specs = contract.attributes
+    on_delete = {
+        name: pl.lit(coerce(value, contract.column(name).type), df.schema[name])
+        for name, value in contract.soft_delete_values.items()
+    }
     carriers = []
-    for name in ATTRIBUTES:
-        carrier = ((pl.col("present_mask") & ATTRIBUTE_BIT[name]) != 0) & ~_DELETE
-        if name == "status" and mode == "soft":
+    for bit, spec in enumerate(specs):
+        carrier = ((pl.col("present_mask") & (1 << bit)) != 0) & ~_DELETE
+        if spec.name in on_delete and mode == "soft":
             carrier = carrier | _DELETE
         carriers.append(
-            pl.when(carrier).then(pl.col("_i")).forward_fill().over(group).alias(f"_at_{name}")
+            pl.when(carrier).then(pl.col("_i")).forward_fill().over(group).alias(f"_at_{spec.name}")
         )
     df = df.with_columns(
-        pl.when(_DELETE).then(pl.lit("DELETED")).otherwise(pl.col("status")).alias("status"),
+        *(pl.when(_DELETE).then(v).otherwise(pl.col(n)).alias(n) for n, v in on_delete.items()),
         *carriers,
     )
     images = []
-    for name in ATTRIBUTES:
-        value = pl.col(name).gather(pl.col(f"_at_{name}"))
+    for spec in specs:
+        value = pl.col(spec.name).gather(pl.col(f"_at_{spec.name}"))
         if mode == "hard":
             value = pl.when(_DELETE).then(None).otherwise(value)
-            if name == "status":
-                value = pl.when(_DELETE).then(pl.lit("DELETED")).otherwise(value)
-        images.append(value.alias(name))
+            if spec.name in on_delete:
+                value = pl.when(_DELETE).then(on_delete[spec.name]).otherwise(value)
+        images.append(value.alias(spec.name))
     df = df.with_columns(images)
 
     created = pl.col("event_timestamp").first().over(group)
     if mode == "hard":
         created = pl.when(_DELETE).then(None).otherwise(created)
-    last = pl.col("_i") == pl.col("_i").max().over("customer_id")
+    last = pl.col("_i") == pl.col("_i").max().over(keys)
+    derived = []
+    if contract.derived_active is not None:
+        column, active = contract.derived_active
+        derived.append((~_DELETE & (pl.col(column) == active).fill_null(False)).alias("is_active"))
     df = df.with_columns(
         _DELETE.alias("is_deleted"),
-        (~_DELETE & (pl.col("status") == "ACTIVE").fill_null(False)).alias("is_active"),
+        *derived,
         created.alias("created_at"),
         pl.col("event_timestamp").alias("last_updated_at"),
         pl.when(_DELETE).then(pl.col("event_timestamp")).alias("deleted_at"),
@@ -94,12 +111,10 @@ def history_frame(events: pl.DataFrame, mode: DeleteMode) -> pl.DataFrame:
         pl.col("operation").alias("last_operation"),
         pl.col("lsn").alias("last_lsn"),
         pl.col("event_timestamp").alias("valid_from"),
-        pl.when(~last)
-        .then(pl.col("event_timestamp").shift(-1).over("customer_id"))
-        .alias("valid_to"),
+        pl.when(~last).then(pl.col("event_timestamp").shift(-1).over(keys)).alias("valid_to"),
         last.alias("is_current"),
     )
-    return df.select([pl.col(f.name) for f in HISTORY.schema]).with_columns(
+    return df.select([pl.col(f.name) for f in schema]).with_columns(
         pl.col("created_at", "deleted_at", "valid_to").cast(pl.Datetime("us", "UTC"))
     )
 
@@ -107,30 +122,40 @@ def history_frame(events: pl.DataFrame, mode: DeleteMode) -> pl.DataFrame:
 def merge_history(
     table: DeltaTable,
     load_events: Callable[[], pl.DataFrame],
-    keys: Sequence[str],
+    keys: Sequence[Any],
     mode: DeleteMode,
     app_id: str,
     batch_id: int,
+    contract: TableContract = CUSTOMERS,
+    load_stored: Callable[[Sequence[str]], pl.DataFrame] | None = None,
 ) -> int:
     """Replace the history of ``keys`` by their recomputed timeline (one guarded MERGE).
 
     Args:
-        table: the ``silver/customer_history`` table.
+        table: the history table (``silver/customer_history`` for customers).
         load_events: returns every first-copy Bronze event of ``keys`` up to this batch.
-        keys: customer_ids touched by the micro-batch.
+        keys: the keys touched by the micro-batch (customer_ids; any non-empty sequence for a
+            declared table, whose rows ``load_stored`` reads).
         mode: delete mode.
         app_id: Delta app-transaction id of the pipeline.
         batch_id: micro-batch id (app-transaction version).
+        contract: the table's contract (default: customers).
+        load_stored: columns → the stored history rows of ``keys`` (default: by customer_id).
 
     Returns:
         Number of history rows inserted, updated or deleted (0 when skipped).
     """
     if not keys or txn_done(table, app_id, batch_id):
         return 0
-    fresh = history_frame(load_events(), mode)
-    stored = read_where_in(table, "customer_id", keys, HISTORY.schema.names)
-    changed = fresh.join(stored, on=HISTORY.schema.names, how="anti", nulls_equal=True)
-    gone = stored.join(fresh, on=list(_KEY), how="anti")
+    names = contract_tables(contract).history.schema.names
+    fresh = history_frame(load_events(), mode, contract)
+    if load_stored is None:
+        stored = read_where_in(table, "customer_id", keys, names)
+    else:
+        stored = load_stored(names)
+    on = [*contract.keys, "sequence"]
+    changed = fresh.join(stored, on=names, how="anti", nulls_equal=True)
+    gone = stored.join(fresh, on=on, how="anti")
     if changed.height == 0 and gone.height == 0:
         return 0
     source = pl.concat(
@@ -139,11 +164,11 @@ def merge_history(
             gone.with_columns(pl.lit(True).alias(_FLAG)),
         ]
     )
-    columns = {name: f"s.{name}" for name in HISTORY.schema.names}
+    columns = {name: f"s.{name}" for name in names}
     (
         table.merge(
             source.to_arrow(),
-            predicate="t.customer_id = s.customer_id AND t.sequence = s.sequence",
+            predicate=" AND ".join(f"t.{name} = s.{name}" for name in on),
             source_alias="s",
             target_alias="t",
             commit_properties=commit_props(app_id, batch_id),
