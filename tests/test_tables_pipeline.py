@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import yaml
 from deltalake import DeltaTable
@@ -534,3 +535,54 @@ def test_contract_changes_evolve_or_stop_until_accepted(tmp_path: Path) -> None:
     fresh = silver(stopped, contract_of(stopped, "accounts"))
     assert list(fresh) == [("A-3",)]  # the table started afresh under the accepted contract
     assert rows(stopped, "silver/order_lines") == []  # the other table untouched (empty)
+
+
+def test_a_widened_column_type_is_applied_and_narrowing_stops(tmp_path: Path) -> None:
+    """Type widening (decimal scale/precision up, integer → decimal) rewrites the column in
+    Bronze, Silver and the history; earlier values are kept exactly; narrowing stops the run."""
+    config = write_config(tmp_path, mode="hard")
+    first = [
+        json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1, balance="10.50")),
+        json.dumps(rec("order_lines", "L1", "INSERT", 11, order_id="O", line_no=1, quantity=3)),
+        json.dumps(rec("accounts", "A2", "UPDATE", 12, account_id=1, balance="11.25")),
+    ]
+    write_files(config, [first])
+    Pipeline(config).run(Trigger.parse("available-now"))
+
+    def widen(raw: dict[str, Any]) -> None:
+        _accounts(raw)["columns"][2]["type"] = "decimal(15,3)"
+        lines = next(t for t in raw["tables"] if t["name"] == "order_lines")
+        next(c for c in lines["columns"] if c["name"] == "quantity")["type"] = "decimal(20,0)"
+
+    config = _declare(config, widen)
+    second = [
+        json.dumps(rec("accounts", "A3", "UPDATE", 20, account_id=1, balance="12.125")),
+        json.dumps(rec("order_lines", "L2", "UPDATE", 21, order_id="O", line_no=1, quantity="4")),
+    ]
+    write_files(config, [second])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    # every table of the column holds the new type; Silver and history equal the reference
+    for name, column, wanted in (
+        ("bronze/accounts_events", "balance", pa.decimal128(15, 3)),
+        ("silver/accounts", "balance", pa.decimal128(15, 3)),
+        ("silver/accounts_history", "balance", pa.decimal128(15, 3)),
+        ("silver/order_lines_history", "quantity", pa.decimal128(20, 0)),
+    ):
+        schema = DeltaTable(config.table_uri(name)).to_pyarrow_table().schema
+        assert schema.field(column).type == wanted, name
+    assert_silver_is_the_fold(config, first + second)
+    history = sorted(rows(config, "silver/accounts_history"), key=lambda r: r["sequence"])
+    assert [r["balance"] for r in history] == [
+        Decimal("10.500"),
+        Decimal("11.250"),
+        Decimal("12.125"),
+    ]
+    log = {(r["table_name"], r["change"]) for r in rows(config, "audit/schema_log")}
+    assert ("accounts", "widened column balance from decimal(12,2) to decimal(15,3)") in log
+    assert ("order_lines", "widened column quantity from integer to decimal(20,0)") in log
+
+    def narrow(raw: dict[str, Any]) -> None:
+        _accounts(raw)["columns"][2]["type"] = "decimal(10,3)"
+
+    with pytest.raises(SchemaDriftError, match="column balance changed type from decimal"):
+        Pipeline(_declare(config, narrow))

@@ -19,8 +19,17 @@ with that row (:func:`contract_changes`):
   records the new contract: the next run starts the table afresh under it.
 
 The anchors: dlt schema contracts (evolve / freeze), Flink CDC ``schema.change.behavior``, and
-the reference submissions' stop-the-line on incompatible drift. Type widening (integer →
-decimal, decimal precision up) is not applied yet: it counts as a type change (incompatible).
+the reference submissions' stop-the-line on incompatible drift.
+
+**Type widening** of a non-key column is compatible (:func:`widens`: every stored value is
+representable in the new type, unchanged): ``integer`` → ``decimal(p,s)`` with ``p - s >= 19``
+(a 64-bit integer fits), ``decimal(p,s)`` → ``decimal(p',s')`` with ``s' >= s`` and
+``p' - s' >= p - s`` (Delta Lake's type-widening rules for decimals). delta-rs has no
+``ALTER COLUMN TYPE``: each of the table's Delta tables holding the column is rewritten once
+with the column cast (a new table version; earlier versions keep the old type). A rewrite
+interrupted by a crash is done again by the next run (the change is recorded after every
+table), and a table already holding the new type is not rewritten again. Narrowing and any
+other type change stay incompatible.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from deltalake import DeltaTable, write_deltalake
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import arrow_type, contract_tables
 from cdcflow.layers.tables import TS, TableSpec, register
-from cdcflow.model.contracts import TableContract
+from cdcflow.model.contracts import TableContract, parse_type
 
 SCHEMA_LOG = TableSpec(
     "audit/schema_log",
@@ -65,16 +74,37 @@ class Change:
         text: what changed, naming the column (e.g. ``added column loyalty_tier (string)``).
         compatible: True when it is applied by itself (module doc).
         added: the column added (compatible additions only), else None.
+        widened: the column whose type is widened (compatible widenings only), else None.
     """
 
     text: str
     compatible: bool
     added: str | None = None
+    widened: str | None = None
 
 
 def contract_json(contract: TableContract) -> str:
     """The contract as canonical JSON (sorted keys): what ``audit/schema_log`` records."""
     return json.dumps(contract.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def widens(old: str, new: str) -> bool:
+    """Whether column type ``new`` holds every value of ``old`` unchanged (module doc).
+
+    Args:
+        old / new: contract column types (``integer``, ``decimal(p,s)``, …).
+
+    Returns:
+        True for integer → decimal(p,s) with p - s >= 19, and decimal(p,s) → decimal(p',s')
+        with s' >= s and p' - s' >= p - s (other than the same type).
+    """
+    old_kind, old_p, old_s = parse_type(old)
+    new_kind, new_p, new_s = parse_type(new)
+    if new_kind != "decimal" or (old_kind, old_p, old_s) == (new_kind, new_p, new_s):
+        return False
+    if old_kind == "integer":
+        return new_p - new_s >= 19
+    return old_kind == "decimal" and new_s >= old_s and new_p - new_s >= old_p - old_s
 
 
 def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
@@ -97,12 +127,14 @@ def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
         if name not in new_columns:
             changes.append(Change(f"column {name} removed from the contract", False))
         elif new_columns[name].type != spec.type and name not in new.keys:
-            changes.append(
-                Change(
-                    f"column {name} changed type from {spec.type} to {new_columns[name].type}",
-                    False,
+            new_type = new_columns[name].type
+            if widens(spec.type, new_type):
+                text = f"widened column {name} from {spec.type} to {new_type}"
+                changes.append(Change(text, True, widened=name))
+            else:
+                changes.append(
+                    Change(f"column {name} changed type from {spec.type} to {new_type}", False)
                 )
-            )
     if old.delete_mode != new.delete_mode:
         changes.append(
             Change(f"delete_mode changed from {old.delete_mode} to {new.delete_mode}", False)
@@ -117,6 +149,43 @@ def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
     if not changes and contract_json(old) != contract_json(new):
         changes.append(Change("constraints or envelope fields changed", True))
     return sorted(changes, key=lambda change: change.compatible)
+
+
+def widened_tables(contract: TableContract, column: str) -> list[str]:
+    """The Delta tables (paths under ``storage.root``) holding a non-key column: Bronze,
+    Silver and the history."""
+    tables = contract_tables(contract)
+    return [tables.bronze.name, tables.silver.name, tables.history.name]
+
+
+def widen_column(table: DeltaTable, column: str, target: pa.DataType) -> bool:
+    """Rewrite a Delta table with ``column`` cast to the wider ``target`` type (module doc).
+
+    Args:
+        table: the table (its partitioning and properties are kept).
+        column: the column to widen.
+        target: the new Arrow type (every stored value is representable in it).
+
+    Returns:
+        True when the table was rewritten; False when it already holds ``target`` (or has no
+        such column).
+    """
+    schema = table.schema().to_arrow()
+    arrow_schema = pa.schema(schema)  # arro3 → pyarrow
+    if column not in arrow_schema.names or arrow_schema.field(column).type == target:
+        return False
+    data = table.to_pyarrow_table()
+    index = data.schema.get_field_index(column)
+    cast = data.column(index).cast(target)
+    data = data.set_column(index, data.schema.field(index).with_type(target), cast)
+    write_deltalake(
+        table,
+        data,
+        mode="overwrite",
+        schema_mode="overwrite",
+        partition_by=table.metadata().partition_columns or None,
+    )
+    return True
 
 
 def drift_message(contract: TableContract, changes: list[Change], config_file: str) -> str:
@@ -258,4 +327,7 @@ __all__ = [
     "drift_message",
     "recorded_contracts",
     "retire",
+    "widen_column",
+    "widened_tables",
+    "widens",
 ]

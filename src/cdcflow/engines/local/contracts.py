@@ -62,7 +62,7 @@ from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_
 from cdcflow.engines.local.history import merge_history
 from cdcflow.engines.local.merges import merge_silver, merge_tombstones
 from cdcflow.errors import ConfigError
-from cdcflow.layers.contract_tables import ContractTables, contract_tables
+from cdcflow.layers.contract_tables import ContractTables, arrow_type, contract_tables
 from cdcflow.layers.schema_log import (
     SCHEMA_LOG,
     Change,
@@ -73,6 +73,8 @@ from cdcflow.layers.schema_log import (
     drift_message,
     recorded_contracts,
     utc_now,
+    widen_column,
+    widened_tables,
 )
 from cdcflow.layers.tables import BATCH_LOG, QUARANTINE, TableSpec
 from cdcflow.logs import get_logger
@@ -478,7 +480,8 @@ class LocalContractsEngine:
         return out
 
     def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
-        """Apply the compatible changes (new nullable columns) and record every change."""
+        """Apply the compatible changes (new nullable columns, widened types) and record every
+        change (after its tables: a crash in between applies it again, idempotently)."""
         now = utc_now()
         rows = []
         for contract, changes in evolutions:
@@ -493,6 +496,14 @@ class LocalContractsEngine:
                         missing = [f for f in fields if f.name not in present]
                         if missing:
                             table.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+                if change.widened is not None:
+                    target = arrow_type(contract.column(change.widened).type)
+                    for name in widened_tables(contract, change.widened):
+                        table = DeltaTable(
+                            self.config.table_uri(name),
+                            storage_options=self.config.storage.options or None,
+                        )
+                        widen_column(table, change.widened, target)
                 rows.append(
                     {
                         "table_name": contract.name,
