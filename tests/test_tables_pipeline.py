@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
-from cdcflow.layers.schema_log import SchemaDriftError
+from cdcflow.layers.schema_log import SchemaDriftError, recorded_contracts
 from cdcflow.model.contracts import TableContract
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
@@ -586,3 +586,62 @@ def test_a_widened_column_type_is_applied_and_narrowing_stops(tmp_path: Path) ->
 
     with pytest.raises(SchemaDriftError, match="column balance changed type from decimal"):
         Pipeline(_declare(config, narrow))
+
+
+def test_unknown_fields_evolve_into_columns(tmp_path: Path) -> None:
+    """``unknown_fields: evolve``: an unknown event field becomes a nullable column of the
+    inferred type, recorded, kept by later runs; a value that then does not fit is quarantined."""
+    config = write_config(tmp_path)
+    config = _declare(config, lambda raw: _accounts(raw).update(unknown_fields="evolve"))
+    first = [
+        json.dumps(
+            rec("accounts", "A1", "INSERT", 10, account_id=1, nickname="Al", score=3)
+            | {"extras": {"a": [1]}, "note": None, "bad-name": 1}
+        ),
+        json.dumps(rec("order_lines", "L1", "INSERT", 11, order_id="O", line_no=1, stray=1)),
+    ]
+    second = [
+        json.dumps(rec("accounts", "A2", "UPDATE", 20, account_id=1, score="x")),
+        json.dumps(rec("accounts", "A3", "INSERT", 21, account_id=2, score=7, note="hi")),
+        json.dumps(rec("accounts", "A4", "UPDATE", 22, account_id=1, rating=4.5)),
+    ]
+    write_files(config, [first, second])
+    Pipeline(config).run(Trigger.parse("available-now"))
+
+    log = rows(config, "audit/schema_log")
+    evolved = sorted(r["change"] for r in log if r["change"].startswith("evolved"))
+    assert evolved == [
+        "evolved column extras (json) from an event field",
+        "evolved column nickname (string) from an event field",
+        "evolved column note (string) from an event field",  # all null: a string column
+        "evolved column rating (double) from an event field",
+        "evolved column score (integer) from an event field",
+    ]
+    recorded = recorded_contracts(DeltaTable(config.table_uri("audit/schema_log")))["accounts"]
+    got = silver(config, recorded)
+    assert got[(1,)]["nickname"] == "Al" and got[(1,)]["score"] == 3
+    assert got[(1,)]["extras"] == '{"a":[1]}' and got[(1,)]["rating"] == 4.5
+    assert (got[(2,)]["score"], got[(2,)]["note"]) == (7, "hi")
+    # the type is fixed once evolved: "x" is not an integer
+    quarantined = rows(config, "quarantine/accounts_events")
+    assert [(q["event_id"], q["failure_reason"]) for q in quarantined] == [
+        ("A2", "SCHEMA_MISMATCH")
+    ]
+    assert "score" in quarantined[0]["failure_detail"]
+    # order_lines ignores unknown fields (the default): no column
+    assert "stray" not in rows(config, "silver/order_lines")[0]
+    # Silver and history equal the reference fold under the evolved contract
+    events = []
+    validator = ContractValidator(recorded, NOW + timedelta(hours=1), timedelta(minutes=5))
+    for line in first + second:
+        if json.loads(line)["metadata"]["source_table"] == "accounts":
+            event = validator.validate_object(json.loads(line))
+            if isinstance(event, ChangeEvent):
+                events.append(event)
+    want = fold_changes(events, recorded, "soft").rows
+    assert {k: {c: got[k][c] for c in row} for k, row in want.items()} == want
+    # a later run keeps the evolved columns (no drift stop), and writes nothing new
+    before = DeltaTable(config.table_uri("silver/accounts")).version()
+    Pipeline(load_config(Path(config.file))).run(Trigger.parse("available-now"))
+    assert DeltaTable(config.table_uri("silver/accounts")).version() == before
+    assert len(rows(config, "audit/schema_log")) == len(log)

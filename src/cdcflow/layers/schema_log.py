@@ -6,10 +6,17 @@ Each declared table's tables are built for one contract. ``audit/schema_log`` re
 is the contract its Delta tables hold. When a run starts, each declared contract is compared
 with that row (:func:`contract_changes`):
 
-* **compatible** changes are applied and recorded: a new *nullable* column is added to Bronze
-  and Silver (with its sequence register) by a Delta schema change (old rows read null); a
-  change of constraints, PII flags, patterns or the envelope fields only changes validation
-  from the next micro-batch on;
+* **compatible** changes are applied and recorded: a new *nullable* column is added to Bronze,
+  Silver (with its sequence register) and the history by a Delta schema change (old rows read
+  null); a change of constraints, PII flags, patterns or the envelope fields only changes
+  validation from the next micro-batch on;
+* ``unknown_fields: evolve``: a top-level event field the contract does not know becomes a
+  nullable column of the type its values in the micro-batch suggest (:func:`infer_type`),
+  added like a declared one before the micro-batch is written and recorded as ``evolved
+  column <name> (<type>) from an event field``; later runs keep it (:func:`evolved_columns`)
+  even though the config does not declare it (declaring it later is no change). Its type is
+  then fixed: a later value that does not fit it is ``SCHEMA_MISMATCH``. A field that cannot
+  be a column (not an identifier, or a system column's name) stays in the raw payload only;
 * **incompatible** changes stop the run before anything is written, in one line naming the
   table, the column and the change (:class:`SchemaDriftError`): a key column changed (name,
   order or type), a column's type changed, a declared column removed, a new column that is not
@@ -39,6 +46,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -46,7 +54,7 @@ from deltalake import DeltaTable, write_deltalake
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import arrow_type, contract_tables
 from cdcflow.layers.tables import TS, TableSpec, register
-from cdcflow.model.contracts import TableContract, parse_type
+from cdcflow.model.contracts import ColumnSpec, TableContract, parse_type
 
 SCHEMA_LOG = TableSpec(
     "audit/schema_log",
@@ -149,6 +157,74 @@ def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
     if not changes and contract_json(old) != contract_json(new):
         changes.append(Change("constraints or envelope fields changed", True))
     return sorted(changes, key=lambda change: change.compatible)
+
+
+#: The ``change`` text of a column added from an event field (``unknown_fields: evolve``).
+EVOLVED = "evolved column"
+
+
+def infer_type(values: list[Any]) -> str:
+    """The column type of an event field first seen in a micro-batch (``unknown_fields:
+    evolve``), from its non-null parsed JSON values.
+
+    Returns:
+        ``json`` when any value is an object or array; ``boolean`` when all are booleans;
+        ``integer`` when all are integers; ``double`` when all are numbers; else ``string``
+        (numbers then keep their JSON text), also when every value is null: the column exists
+        from the field's first appearance, so no event's value of it is ever skipped (a later
+        number then keeps its JSON text).
+    """
+    present = [v for v in values if v is not None]
+    if not present:
+        return "string"
+    if any(isinstance(v, dict | list) for v in present):
+        return "json"
+    if all(isinstance(v, bool) for v in present):
+        return "boolean"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "integer"
+    numbers = all(
+        (isinstance(v, int | float) and not isinstance(v, bool)) or type(v).__name__ == "JsonNumber"
+        for v in present
+    )
+    return "double" if numbers else "string"
+
+
+def evolved_columns(log_table: DeltaTable) -> dict[str, list[ColumnSpec]]:
+    """Table name → the columns added from event fields (``EVOLVED`` rows of the log), as the
+    table's latest recorded contract declares them, in the order they were added."""
+    rows = log_table.to_pyarrow_table(columns=["table_name", "change", "applied_at"]).to_pylist()
+    recorded = recorded_contracts(log_table)
+    out: dict[str, list[ColumnSpec]] = {}
+    for row in sorted(rows, key=lambda r: r["applied_at"]):
+        if not row["change"].startswith(EVOLVED + " "):
+            continue
+        name = row["change"].split()[2]
+        contract = recorded.get(row["table_name"])
+        if contract is None or name not in {c.name for c in contract.columns}:
+            continue
+        columns = out.setdefault(row["table_name"], [])
+        if name not in {c.name for c in columns}:
+            columns.append(contract.column(name))
+    return out
+
+
+def with_columns(contract: TableContract, columns: list[ColumnSpec]) -> TableContract:
+    """``contract`` with ``columns`` appended (those it does not declare already)."""
+    declared = {c.name for c in contract.columns}
+    extra = tuple(c for c in columns if c.name not in declared)
+    if not extra:
+        return contract
+    return contract.model_copy(update={"columns": (*contract.columns, *extra)})
+
+
+def reserved_names(contract: TableContract) -> set[str]:
+    """Column names a field cannot be evolved into: the key and system columns of the table's
+    Bronze, Silver and history (``batch_id``, ``is_deleted``, ``_cdc_seq``…)."""
+    tables = contract_tables(contract)
+    names = {*tables.bronze.schema.names, *tables.silver.schema.names}
+    names |= set(tables.history.schema.names)
+    return (names - {c.name for c in contract.attributes}) | {"_cdc_"}
 
 
 def widened_tables(contract: TableContract, column: str) -> list[str]:
@@ -316,6 +392,7 @@ def utc_now() -> datetime:
 
 
 __all__ = [
+    "EVOLVED",
     "SCHEMA_LOG",
     "Acceptance",
     "Change",
@@ -325,9 +402,13 @@ __all__ = [
     "contract_changes",
     "contract_json",
     "drift_message",
+    "evolved_columns",
+    "infer_type",
     "recorded_contracts",
+    "reserved_names",
     "retire",
     "widen_column",
     "widened_tables",
     "widens",
+    "with_columns",
 ]

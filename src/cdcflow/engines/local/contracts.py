@@ -38,8 +38,9 @@ Not yet for declared tables (the customers tables have them): Gold, the per-even
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -64,6 +65,7 @@ from cdcflow.engines.local.merges import merge_silver, merge_tombstones
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, arrow_type, contract_tables
 from cdcflow.layers.schema_log import (
+    EVOLVED,
     SCHEMA_LOG,
     Change,
     SchemaDriftError,
@@ -71,17 +73,21 @@ from cdcflow.layers.schema_log import (
     contract_changes,
     contract_json,
     drift_message,
+    evolved_columns,
+    infer_type,
     recorded_contracts,
+    reserved_names,
     utc_now,
     widen_column,
     widened_tables,
+    with_columns,
 )
 from cdcflow.layers.tables import BATCH_LOG, QUARANTINE, TableSpec
 from cdcflow.logs import get_logger
-from cdcflow.model.contracts import TableContract
+from cdcflow.model.contracts import ColumnSpec, TableContract
 from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
+from cdcflow.plan.contract_rules import ENVELOPE, ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.dedup import classify
 from cdcflow.plan.merge_spec import key_predicate, silver_merge_spec
 from cdcflow.plan.rules import Rejection, parse_record
@@ -92,6 +98,8 @@ from cdcflow.state.faults import crash_point
 
 log = get_logger("engine.local.tables")
 
+#: A field name that can be a column (``unknown_fields: evolve``).
+_COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The reason of a record whose ``metadata.source_table`` names no declared table.
 UNKNOWN_TABLE = "UNKNOWN_TABLE"
 
@@ -174,19 +182,70 @@ class ContractTable:
     """
 
     def __init__(
-        self, contract: TableContract, store: DeltaStore, app_id: str, config: CdcflowConfig
+        self,
+        contract: TableContract,
+        store: DeltaStore,
+        app_id: str,
+        config: CdcflowConfig,
+        evolve: Callable[[list[tuple[TableContract, list[Change]]]], None] | None = None,
     ) -> None:
-        self.contract = contract
-        self.tables: ContractTables = contract_tables(contract)
         self.store = store
         self.app_id = app_id
         self.config = config
+        self.evolve = evolve
+        self._use(contract)
+
+    def _use(self, contract: TableContract) -> None:
+        """Work under ``contract`` from now on (at start, and after a column evolved)."""
+        self.contract = contract
+        self.tables: ContractTables = contract_tables(contract)
         self.keys = list(contract.keys)
         self.fold_columns = [
             *self.keys,
             *(c.name for c in contract.attributes),
             *_FOLD_EXTRA,
         ]
+
+    def _evolve_fields(self, objects: list[dict[str, Any]], batch_id: int) -> None:
+        """``unknown_fields: evolve``: add the batch's unknown top-level fields as nullable
+        columns (:func:`cdcflow.layers.schema_log.infer_type`) before anything is written."""
+        contract = self.contract
+        known = {*ENVELOPE, *(c.field for c in contract.columns)}
+        known.add(contract.lsn_field.split(".")[0])
+        for dotted in (contract.operation_field, contract.event_id_field, contract.timestamp_field):
+            known.add(dotted.split(".")[0])
+        values: dict[str, list[Any]] = {}
+        for obj in objects:
+            for name, value in obj.items():
+                if name not in known:
+                    values.setdefault(name, []).append(value)
+        reserved = reserved_names(contract)
+        added: list[ColumnSpec] = []
+        for name in sorted(values):
+            kind = infer_type(values[name])
+            if not _COLUMN_NAME.match(name) or name in reserved or name.startswith("_cdc_"):
+                log.warning(
+                    "event field not evolved into a column: not a usable column name",
+                    extra={"table": contract.name, "batch": batch_id},
+                )
+                continue
+            added.append(ColumnSpec(name=name, type=kind))
+        room = (31 if len(contract.attributes) <= 31 else 62) - len(contract.attributes)
+        if len(added) > room:  # present_mask's width is fixed when Bronze is created
+            log.warning(
+                "event fields not evolved into columns: the table has no room for more",
+                extra={"table": contract.name, "batch": batch_id, "fields": len(added) - room},
+            )
+            added = added[: max(room, 0)]
+        if not added or self.evolve is None:
+            return
+        evolved = with_columns(contract, added)
+        changes = [
+            Change(f"{EVOLVED} {c.name} ({c.type}) from an event field", True, added=c.name)
+            for c in added
+        ]
+        self.evolve([(evolved, changes)])
+        self._use(evolved)
 
     # ------------------------------------------------------------------ rows
     def _bronze_rows(
@@ -275,6 +334,8 @@ class ContractTable:
             report: filled with this table's counts and Silver version.
         """
         batch_id = offsets.batch_id
+        if self.contract.unknown_fields == "evolve":
+            self._evolve_fields(routed.objects, batch_id)
         validator = ContractValidator(
             self.contract, offsets.processing_time, self.config.processing.max_clock_skew
         )
@@ -450,11 +511,27 @@ class LocalContractsEngine:
             {spec.name: config.table_uri(spec.name) for spec in specs}, config.storage.options
         )
         self.store.ensure(SCHEMA_LOG)
+        # the columns earlier runs added from event fields are part of the contract
+        evolved = evolved_columns(self.store.table(SCHEMA_LOG))
+        contracts = [with_columns(c, evolved.get(c.name, [])) for c in contracts]
         evolutions = self._schema_changes(contracts)  # a drift stop raises before any write
-        for spec in specs:
+        for contract in contracts:
+            tables = contract_tables(contract)
+            for spec in (
+                tables.bronze,
+                tables.quarantine,
+                tables.silver,
+                tables.tombstones,
+                tables.history,
+            ):
+                self.store.ensure(spec)
+        for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG):
             self.store.ensure(spec)
         self._evolve(evolutions)
-        self.tables = {c.name: ContractTable(c, self.store, self.app_id, config) for c in contracts}
+        self.tables = {
+            c.name: ContractTable(c, self.store, self.app_id, config, self._evolve)
+            for c in contracts
+        }
 
     def _schema_changes(
         self, contracts: list[TableContract]
@@ -486,24 +563,18 @@ class LocalContractsEngine:
         rows = []
         for contract, changes in evolutions:
             for change in changes:
+                specs = {spec.name: spec for spec in vars(contract_tables(contract)).values()}
                 if change.added is not None:
                     for name, fields in added_fields(contract, change.added).items():
-                        table = DeltaTable(
-                            self.config.table_uri(name),
-                            storage_options=self.config.storage.options or None,
-                        )
-                        present = set(table.schema().to_arrow().names)
+                        table = self.store.table(specs[name])
+                        present = set(pa.schema(table.schema().to_arrow()).names)
                         missing = [f for f in fields if f.name not in present]
                         if missing:
                             table.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
                 if change.widened is not None:
                     target = arrow_type(contract.column(change.widened).type)
                     for name in widened_tables(contract, change.widened):
-                        table = DeltaTable(
-                            self.config.table_uri(name),
-                            storage_options=self.config.storage.options or None,
-                        )
-                        widen_column(table, change.widened, target)
+                        widen_column(self.store.table(specs[name]), change.widened, target)
                 rows.append(
                     {
                         "table_name": contract.name,
