@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
+from datetime import date
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -350,3 +353,74 @@ def test_credentials_only_from_env_and_secret_files(tmp_path: Path) -> None:
         SnowflakeCredentials.from_env(
             {**env, "SNOWFLAKE_PRIVATE_KEY_PASSPHRASE": "wrong"}
         ).connect_kwargs()  # type: ignore[union-attr]
+
+
+def test_declared_tables_sync_to_their_tables_with_mapped_types(
+    tmp_path: Path, emulator: dict[str, Any]
+) -> None:
+    """Each declared table → its Snowflake table (``<NAME>_CURRENT``), keyed on its key
+    columns (a composite key too), typed from the contract; incremental after the first sync."""
+    from cdcflow.pipeline import Pipeline, Trigger
+    from cdcflow.sinks.snowflake.reconcile import reconcile_target
+    from cdcflow.sinks.snowflake.tables import contract_target
+    from tests.test_tables_pipeline import rec, write_config, write_files
+
+    config = write_config(tmp_path, mode="hard")
+    config.snowflake = SnowflakeSection(
+        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:"
+    )
+    row = {"owner": "Ann", "balance": "12.50", "opened_on": "2024-02-29", "vip": True}
+    line = {"sku": "ABC-1", "quantity": 2, "attributes": {"gift": True, "tags": ["a"]}}
+    write_files(
+        config,
+        [
+            [
+                json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1, **row)),
+                json.dumps(rec("accounts", "A2", "INSERT", 11, account_id=2, rate=0.25)),
+                json.dumps(rec("order_lines", "L1", "INSERT", 12, order_id="O", line_no=1, **line)),
+                json.dumps(rec("order_lines", "L2", "INSERT", 13, order_id="O", line_no=2, **line)),
+            ]
+        ],
+    )
+    Pipeline(config).run(Trigger.parse("available-now"))
+    first = sync_snowflake(config)
+    assert [(t.target, t.kind) for t in first.tables] == [
+        ("ACCOUNTS_CURRENT", "full"),
+        ("ORDER_LINES_CURRENT", "full"),
+    ]
+    targets = [contract_target(c) for c in config.contracts()]
+    assert all(reconcile_target(config, t).equal for t in targets)
+    with connect(config) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT BALANCE, OPENED_ON, VIP FROM ACCOUNTS_CURRENT WHERE ACCOUNT_ID = 1")
+        assert cur.fetchone() == (Decimal("12.50"), date(2024, 2, 29), True)
+        cur.execute("SELECT ATTRIBUTES:gift, LINE_NO FROM ORDER_LINES_CURRENT WHERE LINE_NO = 2")
+        gift, line_no = cur.fetchone()
+        assert json.loads(str(gift)) is True and line_no == 2
+
+    # an update, a hard delete of one line of a composite key: applied incrementally
+    write_files(
+        config,
+        [
+            [
+                json.dumps(rec("accounts", "A3", "UPDATE", 20, account_id=1, balance="99.99")),
+                json.dumps(rec("order_lines", "L3", "DELETE", 21, order_id="O", line_no=1)),
+            ]
+        ],
+    )
+    Pipeline(config).run(Trigger.parse("available-now"))
+    second = sync_snowflake(config)
+    assert [(t.kind, t.updated, t.deleted) for t in second.tables] == [
+        ("incremental", 1, 0),
+        ("incremental", 0, 1),
+    ]
+    assert all(reconcile_target(config, t).equal for t in targets)
+    with connect(config) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT LINE_NO FROM ORDER_LINES_CURRENT")
+        assert [r[0] for r in cur.fetchall()] == [2]
+    # drift is found
+    with connect(config) as conn:
+        conn.cursor().execute("UPDATE ACCOUNTS_CURRENT SET OWNER = 'Zed' WHERE ACCOUNT_ID = 1")
+    drift = reconcile_target(config, targets[0])
+    assert not drift.equal and drift.mismatched_columns == {"owner": 1}

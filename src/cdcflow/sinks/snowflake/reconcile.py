@@ -30,6 +30,7 @@ from cdcflow.sinks.snowflake.tables import (
     SILVER_TABLE,
     STATE_TABLE,
     TIMESTAMP_COLUMNS,
+    SyncTarget,
     sf_type,
 )
 
@@ -269,6 +270,57 @@ def read_state(config: CdcflowConfig) -> pl.DataFrame:
         pl.from_epoch(pl.col(c), time_unit="us").dt.replace_time_zone("UTC")
         for c in TIMESTAMP_COLUMNS
     )
+
+
+def reconcile_target(config: CdcflowConfig, target: SyncTarget) -> TableComparison:
+    """Compare a declared table's Silver with its Snowflake table (one row per key).
+
+    Keys are the key columns' values joined by ``|``; values compare normalized
+    (:func:`_norm`; VARIANT and JSON text as parsed JSON).
+
+    Raises:
+        TableError: Silver does not exist.
+        MissingDependencyError: the ``snowflake`` extra is not installed.
+    """
+    columns = list(target.names)
+    variant = {c for c in columns if target.sf_type(c) == "VARIANT"}
+    stamps = {c for c in columns if target.sf_type(c).startswith("TIMESTAMP")}
+
+    def normal(column: str, value: Any) -> Any:
+        if column in variant and isinstance(value, str):
+            return json.loads(value)
+        if column in stamps and isinstance(value, int):
+            return value  # epoch microseconds from DATE_PART
+        return _norm(value)
+
+    def key_of(row: dict[str, Any]) -> str:
+        return "|".join(str(row[k]) for k in target.keys)
+
+    table = open_delta(config, target.silver)
+    frame = to_polars(read_arrow(table, columns))
+    source = {key_of(r): {c: normal(c, r[c]) for c in columns} for r in frame.iter_rows(named=True)}
+    select = ", ".join(
+        f"DATE_PART(EPOCH_MICROSECOND, {c.upper()})" if c in stamps else c.upper() for c in columns
+    )
+    with connect(config) as conn:
+        cur = conn.cursor()
+        ensure_tables(config, cur, target)
+        fetched = cur.execute(f"SELECT {select} FROM {target.table}").fetchall()
+    rows = [dict(zip(columns, r, strict=True)) for r in fetched]
+    stored = {key_of(r): {c: normal(c, r[c]) for c in columns} for r in rows}
+    comparison = TableComparison(target.silver, target.table)
+    compare_rows(comparison, source, stored, columns)
+    log.info(
+        "snowflake reconciliation",
+        extra={
+            "target": target.table,
+            "equal": comparison.equal,
+            "missing": comparison.missing,
+            "extra": comparison.extra,
+            "mismatched": comparison.mismatched,
+        },
+    )
+    return comparison
 
 
 def reconcile_snowflake(config: CdcflowConfig) -> SnowflakeReconcileReport:

@@ -43,14 +43,15 @@ from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.connection import connect, target_of
 from cdcflow.sinks.snowflake.faults import fail_point
 from cdcflow.sinks.snowflake.tables import (
-    DIM_TABLE,
+    CUSTOMERS_TARGET,
     GOLD_TABLES,
-    PUBLIC_COLUMNS,
-    SILVER_TABLE,
-    STAGE_TABLE,
     STATE_TABLE,
+    SyncTarget,
     arrow_to_sf,
+    contract_target,
     ddl,
+    state_ddl,
+    target_ddl,
 )
 
 log = get_logger("snowflake.sync")
@@ -232,26 +233,28 @@ def to_polars(data: Any) -> pl.DataFrame:
     return frame
 
 
-def read_changes(table: DeltaTable, from_version: int, to_version: int) -> pl.DataFrame:
-    """Silver's CDF for versions ``from_version+1 .. to_version``, one row per customer_id.
+def read_changes(
+    table: DeltaTable, from_version: int, to_version: int, target: SyncTarget = CUSTOMERS_TARGET
+) -> pl.DataFrame:
+    """Silver's CDF for versions ``from_version+1 .. to_version``, one row per key.
 
     Returns:
         Columns ``CHANGE_KIND`` (``UPSERT``/``DELETE``) and the public Silver columns; the row
-        of the highest ``_commit_version`` per customer_id (within one version a post-image
-        wins over a delete).
+        of the highest ``_commit_version`` per key (within one version a post-image wins over a
+        delete).
     """
+    columns = list(target.names)
+    keys = list(target.keys)
     cdf = to_polars(table.load_cdf(starting_version=from_version + 1, ending_version=to_version))
     if cdf.is_empty():
-        return pl.DataFrame(
-            schema={"CHANGE_KIND": pl.String, **dict(cdf.select(PUBLIC_COLUMNS).schema)}
-        )
+        return pl.DataFrame(schema={"CHANGE_KIND": pl.String, **dict(cdf.select(columns).schema)})
     reduced = (
         cdf.filter(pl.col("_change_type") != "update_preimage")
         .with_columns(
             (pl.col("_change_type") != "delete").cast(pl.Int8).alias("_rank"),
         )
-        .sort(["customer_id", "_commit_version", "_rank"])
-        .group_by("customer_id", maintain_order=True)
+        .sort([*keys, "_commit_version", "_rank"])
+        .group_by(keys, maintain_order=True)
         .last()
     )
     return reduced.select(
@@ -259,15 +262,17 @@ def read_changes(table: DeltaTable, from_version: int, to_version: int) -> pl.Da
         .then(pl.lit("DELETE"))
         .otherwise(pl.lit("UPSERT"))
         .alias("CHANGE_KIND"),
-        *PUBLIC_COLUMNS,
+        *columns,
     )
 
 
-def read_snapshot(table: DeltaTable, version: int) -> pl.DataFrame:
+def read_snapshot(
+    table: DeltaTable, version: int, target: SyncTarget = CUSTOMERS_TARGET
+) -> pl.DataFrame:
     """The public Silver columns at ``version`` as ``UPSERT`` rows (full refresh)."""
     table.load_as_version(version)
-    frame = to_polars(read_arrow(table, PUBLIC_COLUMNS))
-    return frame.select(pl.lit("UPSERT").alias("CHANGE_KIND"), *PUBLIC_COLUMNS)
+    frame = to_polars(read_arrow(table, list(target.names)))
+    return frame.select(pl.lit("UPSERT").alias("CHANGE_KIND"), *target.names)
 
 
 def _chunks(rows: list[tuple[Any, ...]], size: int) -> Iterable[list[tuple[Any, ...]]]:
@@ -275,11 +280,17 @@ def _chunks(rows: list[tuple[Any, ...]], size: int) -> Iterable[list[tuple[Any, 
         yield rows[start : start + size]
 
 
-def _load_stage(cur: Any, sync_id: str, changes: pl.DataFrame, chunk_rows: int) -> int:
+def _load_stage(
+    cur: Any,
+    sync_id: str,
+    changes: pl.DataFrame,
+    chunk_rows: int,
+    target: SyncTarget = CUSTOMERS_TARGET,
+) -> int:
     loaded_at = datetime.now(UTC)
-    columns = ["SYNC_ID", "LOADED_AT", "CHANGE_KIND", *(c.upper() for c in PUBLIC_COLUMNS)]
+    columns = ["SYNC_ID", "LOADED_AT", "CHANGE_KIND", *(c.upper() for c in target.names)]
     sql = (
-        f"INSERT INTO {STAGE_TABLE} ({', '.join(columns)}) "
+        f"INSERT INTO {target.stage} ({', '.join(columns)}) "
         f"VALUES ({', '.join(['%s'] * len(columns))})"
     )
     rows = [(sync_id, loaded_at, *row) for row in changes.iter_rows()]
@@ -288,14 +299,26 @@ def _load_stage(cur: Any, sync_id: str, changes: pl.DataFrame, chunk_rows: int) 
     return len(rows)
 
 
-def _merge_sql() -> str:
-    cols = [c.upper() for c in PUBLIC_COLUMNS]
-    differs = " OR ".join(f"t.{c} IS DISTINCT FROM s.{c}" for c in cols[1:])
-    sets = ", ".join(f"{c} = s.{c}" for c in cols[1:])
+def _key_match(target: SyncTarget) -> str:
+    """``t.K = s.K`` for every key column, joined by AND."""
+    return " AND ".join(f"t.{k.upper()} = s.{k.upper()}" for k in target.keys)
+
+
+def _merge_sql(target: SyncTarget = CUSTOMERS_TARGET) -> str:
+    cols = [c.upper() for c in target.names]
+    others = [c.upper() for c in target.names if c not in target.keys]
+    differs = " OR ".join(f"t.{c} IS DISTINCT FROM s.{c}" for c in others)
+    sets = ", ".join(f"{c} = s.{c}" for c in others)
+    variant = [c.upper() for c in target.names if target.sf_type(c) == "VARIANT"]
+    if variant:  # staged as JSON text: parsed in the source query (a plain column in the MERGE)
+        parsed = ", ".join(f"PARSE_JSON({c}) AS {c}" if c in variant else c for c in cols)
+        rows = f"SELECT CHANGE_KIND, {parsed} FROM {target.stage} WHERE SYNC_ID = %s"
+    else:
+        rows = f"SELECT * FROM {target.stage} WHERE SYNC_ID = %s"
     return (
-        f"MERGE INTO {DIM_TABLE} t "
-        f"USING (SELECT * FROM {STAGE_TABLE} WHERE SYNC_ID = %s) s "
-        "ON t.CUSTOMER_ID = s.CUSTOMER_ID "
+        f"MERGE INTO {target.table} t "
+        f"USING ({rows}) s "
+        f"ON {_key_match(target)} "
         "WHEN MATCHED AND s.CHANGE_KIND = 'DELETE' THEN DELETE "
         f"WHEN MATCHED AND ({differs}) THEN UPDATE SET {sets}, SYNCED_VERSION = %s "
         "WHEN NOT MATCHED AND s.CHANGE_KIND = 'UPSERT' THEN "
@@ -312,10 +335,15 @@ def _merge_counts(row: Sequence[Any] | None) -> tuple[int, int, int]:
     return values[0], values[1], values[2]
 
 
-def ensure_tables(config: CdcflowConfig, cur: Any) -> None:
-    """Create the schema, DIM, stage and state tables if missing."""
-    target = target_of(config)
-    for statement in ddl(target.database, target.schema):
+def ensure_tables(config: CdcflowConfig, cur: Any, target: SyncTarget | None = None) -> None:
+    """Create the schema, state table and the target's table and stage if missing (default:
+    the customers DIM)."""
+    where = target_of(config)
+    if target is None or target == CUSTOMERS_TARGET:
+        statements = ddl(where.database, where.schema)
+    else:
+        statements = [*state_ddl(where.database, where.schema), *target_ddl(target)]
+    for statement in statements:
         _execute(cur, statement)
 
 
@@ -323,14 +351,19 @@ def ensure_tables(config: CdcflowConfig, cur: Any) -> None:
 
 
 def sync_dim(
-    config: CdcflowConfig, full: bool = False, fail_at: str | None = None
+    config: CdcflowConfig,
+    full: bool = False,
+    fail_at: str | None = None,
+    target: SyncTarget = CUSTOMERS_TARGET,
 ) -> TableSyncReport:
-    """Synchronize Silver to ``DIM_CUSTOMER_CURRENT`` (see the module docstring).
+    """Synchronize a Silver table to its Snowflake table (see the module docstring).
 
     Args:
         config: the pipeline configuration.
         full: full refresh instead of the CDF increment.
         fail_at: failure injection point (tests), see :mod:`cdcflow.sinks.snowflake.faults`.
+        target: the Silver table and its Snowflake table (default: ``silver/customers`` →
+            ``DIM_CUSTOMER_CURRENT``; a declared table's: :func:`contract_target`).
 
     Returns:
         The table report.
@@ -340,23 +373,23 @@ def sync_dim(
         SyncConflictError: a concurrent sync advanced the state first (nothing was changed).
         InjectedSyncFailure: ``fail_at`` selected a point.
     """
-    silver = open_delta(config, SILVER_TABLE)
+    silver = open_delta(config, target.silver)
     current = silver.version()
     with connect(config) as conn:
         cur = conn.cursor()
-        ensure_tables(config, cur)
-        source = f"{SILVER_TABLE}#{silver.metadata().id}"  # a rebuilt lakehouse is another source
-        synced = _state_version(cur, DIM_TABLE, source)
+        ensure_tables(config, cur, target)
+        source = f"{target.silver}#{silver.metadata().id}"  # a rebuilt lakehouse: another source
+        synced = _state_version(cur, target.table, source)
         kind: SyncKind = "incremental"
         if full or synced is None or synced > current:
             kind = "full"
         elif synced == current:
-            return TableSyncReport(DIM_TABLE, source, "noop", synced, current)
+            return TableSyncReport(target.table, source, "noop", synced, current)
         changes: pl.DataFrame | None = None
         if kind == "incremental":
             assert synced is not None
             try:
-                changes = read_changes(silver, synced, current)
+                changes = read_changes(silver, synced, current, target)
             except Exception as exc:  # CDF files vacuumed or not recorded for a version
                 log.warning(
                     "Silver change data feed unreadable, falling back to a full refresh",
@@ -364,24 +397,29 @@ def sync_dim(
                 )
                 kind = "full"
         if changes is None:
-            changes = read_snapshot(silver, current)
-        report = TableSyncReport(DIM_TABLE, source, kind, synced, current)
+            changes = read_snapshot(silver, current, target)
+        report = TableSyncReport(target.table, source, kind, synced, current)
         report.source_committed_at = _commit_time(silver, current)
         sync_id = uuid.uuid4().hex
-        report.staged = _load_stage(cur, sync_id, changes, config.snowflake.load_chunk_rows)
+        chunk = config.snowflake.load_chunk_rows
+        report.staged = _load_stage(cur, sync_id, changes, chunk, target)
         fail_point("after_load", fail_at)
-        _commit_dim(config, report, sync_id, fail_at)
+        _commit_dim(config, report, sync_id, fail_at, target)
         fail_point("after_commit", fail_at)
         _execute(
             cur,
-            f"DELETE FROM {STAGE_TABLE} WHERE SYNC_ID = %s OR LOADED_AT < %s",
+            f"DELETE FROM {target.stage} WHERE SYNC_ID = %s OR LOADED_AT < %s",
             (sync_id, datetime.now(UTC) - _STAGE_RETENTION),
         )
     return report
 
 
 def _commit_dim(
-    config: CdcflowConfig, report: TableSyncReport, sync_id: str, fail_at: str | None
+    config: CdcflowConfig,
+    report: TableSyncReport,
+    sync_id: str,
+    fail_at: str | None,
+    target: SyncTarget = CUSTOMERS_TARGET,
 ) -> None:
     """MERGE + state update in one transaction (the MERGE is its first statement)."""
     with connect(config, autocommit=False) as tx:
@@ -391,14 +429,14 @@ def _commit_dim(
             # statements commits them; with autocommit off the MERGE, as the first statement,
             # opens the transaction itself (the same on Snowflake). No other MERGE follows.
             merged = _execute(
-                cur, _merge_sql(), (sync_id, report.to_version, report.to_version)
+                cur, _merge_sql(target), (sync_id, report.to_version, report.to_version)
             ).fetchone()
             report.inserted, report.updated, report.deleted = _merge_counts(merged)
             if report.kind == "full":
                 _execute(
                     cur,
-                    f"DELETE FROM {DIM_TABLE} t WHERE NOT EXISTS (SELECT 1 FROM {STAGE_TABLE} s "
-                    "WHERE s.SYNC_ID = %s AND s.CUSTOMER_ID = t.CUSTOMER_ID)",
+                    f"DELETE FROM {target.table} t WHERE NOT EXISTS (SELECT 1 FROM "
+                    f"{target.stage} s WHERE s.SYNC_ID = %s AND {_key_match(target)})",
                     (sync_id,),
                 )
                 report.deleted += max(int(cur.rowcount or 0), 0)
@@ -493,7 +531,8 @@ def sync_gold(config: CdcflowConfig, full: bool = False) -> list[TableSyncReport
 def sync_snowflake(
     config: CdcflowConfig, full: bool = False, fail_at: str | None = None
 ) -> SyncReport:
-    """Synchronize Silver → ``DIM_CUSTOMER_CURRENT`` and Gold → ``AGG_*`` once.
+    """Synchronize Silver → ``DIM_CUSTOMER_CURRENT`` and Gold → ``AGG_*`` once; with declared
+    tables, each table's Silver → its Snowflake table (``contract_target``).
 
     Args:
         config: the pipeline configuration.
@@ -508,8 +547,13 @@ def sync_snowflake(
         MissingDependencyError: the ``snowflake`` extra is not installed.
     """
     started = time.monotonic()
-    report = SyncReport([sync_dim(config, full=full, fail_at=fail_at)])
-    report.tables.extend(sync_gold(config, full=full))
+    if config.tables:  # declared tables: each Silver table to its Snowflake table (no Gold)
+        report = SyncReport(
+            [sync_dim(config, full, fail_at, contract_target(c)) for c in config.contracts()]
+        )
+    else:
+        report = SyncReport([sync_dim(config, full=full, fail_at=fail_at)])
+        report.tables.extend(sync_gold(config, full=full))
     report.duration_ms = int((time.monotonic() - started) * 1000)
     for table in report.tables:
         log.info("snowflake sync", extra=table.log_fields())
