@@ -6,8 +6,9 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.local/bin:$(PATH)
 # pytest-xdist: three workers; each xdist_group (Spark, Spark crash, PostgreSQL, docs:
 # tests/conftest.py) stays on one worker; work units in collection order (the long groups
-# first: tests/conftest.py GROUP_ORDER). PYTEST_ARGS= runs in one process.
-PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder
+# first: tests/conftest.py GROUP_ORDER); the 25 slowest tests are listed at the end.
+# PYTEST_ARGS= runs in one process.
+PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
 .PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation
 
