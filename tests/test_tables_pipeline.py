@@ -645,3 +645,42 @@ def test_unknown_fields_evolve_into_columns(tmp_path: Path) -> None:
     Pipeline(load_config(Path(config.file))).run(Trigger.parse("available-now"))
     assert DeltaTable(config.table_uri("silver/accounts")).version() == before
     assert len(rows(config, "audit/schema_log")) == len(log)
+
+
+def test_as_of_reads_a_declared_table_at_an_instant_or_a_version(tmp_path: Path) -> None:
+    """``as-of --table T --key C=V``: a key's state at an instant is its latest version then
+    (hard mode: absent after its DELETE); ``--version``: Silver by time travel."""
+    config = write_config(tmp_path, mode="hard")
+    key = {"order_id": "O-7", "line_no": 2}
+    write_files(
+        config,
+        [
+            [
+                json.dumps(
+                    rec("order_lines", "L1", "INSERT", 10, 50, **key, sku="ABC-1", quantity=1)
+                )
+            ],
+            [json.dumps(rec("order_lines", "L2", "UPDATE", 11, 40, **key, quantity=5))],
+            [json.dumps(rec("order_lines", "L3", "DELETE", 12, 30, **key))],
+        ],
+    )
+    Pipeline(config).run(Trigger.parse("available-now"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    base = ["as-of", "--config", config.file, "--table", "order_lines", "--output", "json"]
+    keys = ["--key", "order_id=O-7", "--key", "line_no=2"]
+    for minutes_ago, wanted in ((45, 1), (35, 5), (25, None)):
+        instant = (NOW - timedelta(minutes=minutes_ago)).isoformat()
+        shown = forkrun.run([*base, *keys, "--timestamp", instant], env, REPO, 120)
+        assert shown.returncode == 0, shown.stderr
+        got = json.loads(shown.stdout)
+        if wanted is None:
+            assert got == []  # hard-deleted by then
+        else:
+            assert [(r["order_id"], r["line_no"], r["quantity"]) for r in got] == [
+                ("O-7", 2, wanted)
+            ]
+    # time travel: Silver version 1 held the first image
+    shown = forkrun.run([*base, *keys, "--version", "1"], env, REPO, 120)
+    assert shown.returncode == 0 and json.loads(shown.stdout)[0]["quantity"] == 1
+    bad = forkrun.run([*base, "--key", "line_no=two", "--version", "1"], env, REPO, 120)
+    assert bad.returncode == 2 and "line_no is not a value of type integer" in bad.stderr

@@ -45,6 +45,73 @@ def table_columns(columns: list[str]) -> list[str]:
     return known + [c for c in columns if c not in TABLE_ORDER]
 
 
+def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
+    """``COLUMN=VALUE`` pairs → the typed key values of ``contract`` (a subset of its keys).
+
+    Raises:
+        CdcflowError: not COLUMN=VALUE, not a key column, or a value not of its type.
+    """
+    from cdcflow.model.contracts import TypeMismatch, coerce
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        column, sep, value = pair.partition("=")
+        if not sep or column.strip() not in contract.keys:
+            raise CdcflowError(
+                f"--key: expected COLUMN=VALUE with a key column of {contract.name} "
+                f"({', '.join(contract.keys)}), got {pair!r}"
+            )
+        spec = contract.column(column.strip())
+        try:
+            out[spec.name] = coerce(value.strip(), spec.type)
+        except TypeMismatch:
+            raise CdcflowError(f"--key: {spec.name} is not a value of type {spec.type}") from None
+    return out
+
+
+def _declared_as_of(
+    cfg: Any,
+    timestamp: str | None,
+    version: int | None,
+    table: str | None,
+    pairs: list[str],
+    customer: str | None,
+    output: str,
+) -> None:
+    """``as-of`` for a declared table: its history or its Silver at a version."""
+    from cdcflow.cli.app import console
+    from cdcflow.cli.tables import jsonable, print_rows
+    from cdcflow.layers.asof import table_at_version, table_state_as_of
+
+    contracts = {c.name: c for c in cfg.contracts()}
+    if customer is not None:
+        raise CdcflowError("--customer: the config declares tables; use --table and --key")
+    if table is None and len(contracts) == 1:
+        table = next(iter(contracts))
+    if table not in contracts:
+        raise CdcflowError(f"--table: expected one of {', '.join(contracts)}, got {table!r}")
+    contract = contracts[table]
+    key = parse_key(contract, pairs)
+    if timestamp is not None:
+        try:
+            instant = datetime.fromisoformat(timestamp.strip())
+        except ValueError:
+            raise CdcflowError(f"--timestamp: not an ISO-8601 instant: {timestamp!r}") from None
+        frame = table_state_as_of(cfg, contract, instant, key)
+        title = f"{table} as of {instant.isoformat()}"
+    else:
+        assert version is not None
+        frame = table_at_version(cfg, contract, version, key)
+        title = f"{contract.table_names.silver} at version {version}"
+    rows = _rows(frame)
+    if output == "json":
+        typer.echo(json.dumps(jsonable(rows), indent=2))
+        return
+    noun = "row" if len(rows) == 1 else "rows"
+    more = "--output json shows every column, --key COLUMN=VALUE one key's"
+    print_rows(console, f"{title} ({len(rows)} {noun})", rows, frame.columns, more=more)
+
+
 def as_of(
     config: Annotated[
         Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
@@ -57,6 +124,17 @@ def as_of(
         int | None, typer.Option(min=0, help="Delta version of silver/customers.")
     ] = None,
     customer: Annotated[str | None, typer.Option(help="Only this customer_id.")] = None,
+    table: Annotated[
+        str | None,
+        typer.Option(help="A declared table (config with tables:); default: the only one."),
+    ] = None,
+    key: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A declared table's key column value, COLUMN=VALUE (once per key column).",
+            show_default=False,
+        ),
+    ] = None,
     output: Annotated[
         str,
         typer.Option(
@@ -68,7 +146,8 @@ def as_of(
     """Customer state as of --timestamp (from history) or at Silver --version (time travel).
 
     With --customer the one row is shown as field/value lines; --output json prints all rows
-    and columns (timestamps in ISO-8601).
+    and columns (timestamps in ISO-8601). With a config that declares tables: --table T (and
+    --key COLUMN=VALUE for each key column to pick one row).
     """
     from cdcflow.cli.app import console, load
     from cdcflow.cli.tables import OUTPUTS, jsonable, print_rows
@@ -78,7 +157,12 @@ def as_of(
         raise CdcflowError("as-of: give exactly one of --timestamp or --version")
     if output not in OUTPUTS:
         raise CdcflowError(f"--output: expected table or json, got {output!r}")
-    cfg = load(config)
+    cfg = load(config, declared_tables=True)
+    if cfg.tables:
+        _declared_as_of(cfg, timestamp, version, table, key or [], customer, output)
+        return
+    if table is not None or key:
+        raise CdcflowError("--table / --key: for a config that declares tables (tables:)")
     if timestamp is not None:
         try:
             instant = datetime.fromisoformat(timestamp.strip())
