@@ -86,6 +86,37 @@ def replay_table(result: ReplayResult) -> Table:
     return table
 
 
+def _replay_declared(
+    cfg: CdcflowConfig, verify: bool, apply: bool, to_version: int | None, output: str
+) -> None:
+    """``replay --verify`` of declared tables (:mod:`cdcflow.layers.contract_replay`)."""
+    from cdcflow.cli.progress import working
+    from cdcflow.cli.reconcile import print_report
+    from cdcflow.layers.contract_replay import replay_tables
+
+    if apply or not verify:
+        raise CdcflowError(
+            "replay: declared tables are replayed with --verify (rebuilt from Bronze, compared "
+            "with the live Silver); --apply is for the customers tables only yet"
+        )
+    with working("replay: rebuilding each declared table from bronze", enabled=output == "text"):
+        results = replay_tables(cfg, to_version)
+    if output == "json":
+        typer.echo(json.dumps([r.to_json() for r in results], indent=1, default=str))
+    else:
+        for r in results:
+            rejected = sum(r.rejected.values())
+            verdict = "[green]verified[/]" if r.verified else "[red]DIFFERENT[/]"
+            console.print(
+                f"{r.table}: bronze v{r.bronze_version}, {r.events} events re-validated, "
+                f"{rejected} rejected on replay, {r.silver_rows} Silver rows rebuilt: {verdict}"
+            )
+            if r.report is not None and not r.report.ok:
+                print_report(r.report)
+    if not all(r.verified for r in results):
+        raise typer.Exit(1)
+
+
 def replay(
     config: ConfigOption,
     verify: Annotated[
@@ -112,9 +143,11 @@ def replay(
 
     if output not in ("text", "json"):
         raise CdcflowError(f"--output: expected text or json, got {output!r}")
-    result = run_replay(
-        load(config), verify, apply, to_version, bucket_rows, show_progress=output == "text"
-    )
+    cfg = load(config, declared_tables=True)
+    if cfg.tables:
+        _replay_declared(cfg, verify, apply, to_version, output)
+        return
+    result = run_replay(cfg, verify, apply, to_version, bucket_rows, show_progress=output == "text")
     if output == "json":
         typer.echo(json.dumps(result.to_json(), indent=1, default=str))
     else:
