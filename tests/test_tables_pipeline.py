@@ -365,10 +365,13 @@ def test_commands_that_do_not_take_declared_tables_say_so(tmp_path: Path) -> Non
     write_config(tmp_path)
     path = tmp_path / "cdcflow.yaml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
-    result = forkrun.run(["replay", "--config", str(path), "--verify"], env, REPO, 120)
+    result = forkrun.run(["gold", "--config", str(path)], env, REPO, 120)
     assert result.returncode == 2
     assert "cdcflow.yaml: key 'tables': this command works on" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    # replay of declared tables verifies only
+    result = forkrun.run(["replay", "--config", str(path), "--apply"], env, REPO, 120)
+    assert result.returncode == 2 and "--apply is for the customers tables only" in result.stderr
 
 
 def test_the_spark_engine_refuses_declared_tables(tmp_path: Path) -> None:

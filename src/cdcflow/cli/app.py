@@ -120,8 +120,9 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
     Args:
         config_path: the YAML file.
         declared_tables: the command works on declared tables (a ``tables:`` section):
-            ``run``, ``validate``, ``generate``, ``reconcile`` and ``schema``; the others work
-            on the shipped customers tables only.
+            ``run``, ``validate``, ``generate``, ``reconcile``, ``replay``, ``as-of``, ``sync``
+            and ``schema``; the others (``gold``, ``optimize``) work on the shipped customers
+            tables only.
 
     Raises:
         ConfigError: the file is invalid, or it declares tables and the command does not
@@ -132,7 +133,8 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
         raise ConfigError(
             f"{config_path}: key 'tables': this command works on the shipped customers tables "
             "only yet (a config without tables:); declared tables work with `cdcflow run`, "
-            "`generate`, `reconcile`, `validate` and `schema`"
+            "`generate`, `reconcile`, `replay --verify`, `as-of`, `validate`, `schema` and "
+            "`sync snowflake`"
         )
     setup_logging(config.logging.level, config.logging.file)
     return config
