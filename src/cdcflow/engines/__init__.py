@@ -42,11 +42,10 @@ def get_engine(config: CdcflowConfig) -> Engine:
         ConfigError: the engine is not available in this build.
     """
     if config.tables:  # declared table contracts
-        if config.pipeline.engine != "local":
-            raise ConfigError(
-                f"pipeline.engine: {config.pipeline.engine!r} runs only the shipped customers "
-                "tables yet; declared tables (key 'tables') run with engine 'local'"
-            )
+        if config.pipeline.engine == "spark":
+            from cdcflow.engines.spark.contracts import SparkContractsEngine
+
+            return SparkContractsEngine(config)
         from cdcflow.engines.local.contracts import LocalContractsEngine
 
         return LocalContractsEngine(config)

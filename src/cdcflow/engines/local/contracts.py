@@ -477,6 +477,112 @@ def _tx_id(record: dict[str, Any]) -> Any:
     return metadata.get("tx_id") if isinstance(metadata, dict) else None
 
 
+def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract]]:
+    """The declared tables' lakehouse, ready for a run of either engine.
+
+    Checks every declared contract against ``audit/schema_log`` (the drift stop raises before
+    anything is written), creates missing tables, applies and records the compatible changes
+    (:func:`evolve_tables`).
+
+    Args:
+        config: the pipeline's config; ``config.tables`` is not empty.
+
+    Returns:
+        (the store of every table of the pipeline, the contracts in declared order, with the
+        columns earlier runs evolved from event fields).
+
+    Raises:
+        ConfigError: two tables write the same Delta table.
+        SchemaDriftError: a contract changed incompatibly.
+    """
+    contracts = config.contracts()
+    specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
+    for contract in contracts:
+        specs += list(vars(contract_tables(contract)).values())
+    paths = [spec.name for spec in specs]
+    twice = sorted({p for p in paths if paths.count(p) > 1})
+    if twice:
+        raise ConfigError(f"key 'tables': two tables write the same Delta table: {twice}")
+    store = DeltaStore(
+        {spec.name: config.table_uri(spec.name) for spec in specs}, config.storage.options
+    )
+    store.ensure(SCHEMA_LOG)
+    # the columns earlier runs added from event fields are part of the contract
+    evolved = evolved_columns(store.table(SCHEMA_LOG))
+    contracts = [with_columns(c, evolved.get(c.name, [])) for c in contracts]
+    evolutions = schema_changes(store, contracts, config)  # a drift stop raises before a write
+    for contract in contracts:
+        for spec in vars(contract_tables(contract)).values():
+            store.ensure(spec)
+    for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG):
+        store.ensure(spec)
+    evolve_tables(store, evolutions)
+    return store, contracts
+
+
+def schema_changes(
+    store: DeltaStore, contracts: list[TableContract], config: CdcflowConfig
+) -> list[tuple[TableContract, list[Change]]]:
+    """Each declared contract with its changes since the recorded one (``[]`` when the
+    table is new: recorded as created).
+
+    Raises:
+        SchemaDriftError: a contract changed incompatibly (:mod:`cdcflow.layers.schema_log`).
+    """
+    recorded = recorded_contracts(store.table(SCHEMA_LOG))
+    out: list[tuple[TableContract, list[Change]]] = []
+    for contract in contracts:
+        old = recorded.get(contract.name)
+        if old is None:
+            out.append((contract, [Change("created", True)]))
+            continue
+        changes = contract_changes(old, contract)
+        if any(not change.compatible for change in changes):
+            raise SchemaDriftError(drift_message(contract, changes, config.file))
+        if changes:
+            out.append((contract, changes))
+    return out
+
+
+def evolve_tables(store: DeltaStore, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
+    """Apply the compatible changes (new nullable columns, widened types) and record every
+    change in ``audit/schema_log`` (after its tables: a crash in between applies it again,
+    idempotently)."""
+    now = utc_now()
+    rows = []
+    for contract, changes in evolutions:
+        for change in changes:
+            specs = {spec.name: spec for spec in vars(contract_tables(contract)).values()}
+            if change.added is not None:
+                for name, fields in added_fields(contract, change.added).items():
+                    table = store.table(specs[name])
+                    present = set(pa.schema(table.schema().to_arrow()).names)
+                    missing = [f for f in fields if f.name not in present]
+                    if missing:
+                        table.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+            if change.widened is not None:
+                target = arrow_type(contract.column(change.widened).type)
+                for name in widened_tables(contract, change.widened):
+                    widen_column(store.table(specs[name]), change.widened, target)
+            rows.append(
+                {
+                    "table_name": contract.name,
+                    "version": contract.version,
+                    "change": change.text,
+                    "contract": contract_json(contract),
+                    "applied_at": now,
+                }
+            )
+            about = {"table": contract.name, "version": contract.version}
+            log.info("table contract recorded", extra={**about, "change": change.text})
+    if rows:
+        write_deltalake(
+            store.table(SCHEMA_LOG),
+            pa.Table.from_pylist(rows, schema=SCHEMA_LOG.schema),
+            mode="append",
+        )
+
+
 class LocalContractsEngine:
     """The local engine of a config with a ``tables:`` section (see module doc).
 
@@ -492,106 +598,14 @@ class LocalContractsEngine:
             )
         self.config = config
         self.app_id = f"cdcflow-{config.pipeline.name}"
-        contracts = config.contracts()
-        specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
-        for contract in contracts:
-            tables = contract_tables(contract)
-            specs += [
-                tables.bronze,
-                tables.quarantine,
-                tables.silver,
-                tables.tombstones,
-                tables.history,
-            ]
-        paths = [spec.name for spec in specs]
-        twice = sorted({p for p in paths if paths.count(p) > 1})
-        if twice:
-            raise ConfigError(f"key 'tables': two tables write the same Delta table: {twice}")
-        self.store = DeltaStore(
-            {spec.name: config.table_uri(spec.name) for spec in specs}, config.storage.options
-        )
-        self.store.ensure(SCHEMA_LOG)
-        # the columns earlier runs added from event fields are part of the contract
-        evolved = evolved_columns(self.store.table(SCHEMA_LOG))
-        contracts = [with_columns(c, evolved.get(c.name, [])) for c in contracts]
-        evolutions = self._schema_changes(contracts)  # a drift stop raises before any write
-        for contract in contracts:
-            tables = contract_tables(contract)
-            for spec in (
-                tables.bronze,
-                tables.quarantine,
-                tables.silver,
-                tables.tombstones,
-                tables.history,
-            ):
-                self.store.ensure(spec)
-        for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG):
-            self.store.ensure(spec)
-        self._evolve(evolutions)
+        self.store, contracts = open_tables(config)
         self.tables = {
             c.name: ContractTable(c, self.store, self.app_id, config, self._evolve)
             for c in contracts
         }
 
-    def _schema_changes(
-        self, contracts: list[TableContract]
-    ) -> list[tuple[TableContract, list[Change]]]:
-        """Each declared contract with its changes since the recorded one (``[]`` when the
-        table is new: recorded as created).
-
-        Raises:
-            SchemaDriftError: a contract changed incompatibly (:mod:`cdcflow.layers.schema_log`).
-        """
-        recorded = recorded_contracts(self.store.table(SCHEMA_LOG))
-        out: list[tuple[TableContract, list[Change]]] = []
-        for contract in contracts:
-            old = recorded.get(contract.name)
-            if old is None:
-                out.append((contract, [Change("created", True)]))
-                continue
-            changes = contract_changes(old, contract)
-            if any(not change.compatible for change in changes):
-                raise SchemaDriftError(drift_message(contract, changes, self.config.file))
-            if changes:
-                out.append((contract, changes))
-        return out
-
     def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
-        """Apply the compatible changes (new nullable columns, widened types) and record every
-        change (after its tables: a crash in between applies it again, idempotently)."""
-        now = utc_now()
-        rows = []
-        for contract, changes in evolutions:
-            for change in changes:
-                specs = {spec.name: spec for spec in vars(contract_tables(contract)).values()}
-                if change.added is not None:
-                    for name, fields in added_fields(contract, change.added).items():
-                        table = self.store.table(specs[name])
-                        present = set(pa.schema(table.schema().to_arrow()).names)
-                        missing = [f for f in fields if f.name not in present]
-                        if missing:
-                            table.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
-                if change.widened is not None:
-                    target = arrow_type(contract.column(change.widened).type)
-                    for name in widened_tables(contract, change.widened):
-                        widen_column(self.store.table(specs[name]), change.widened, target)
-                rows.append(
-                    {
-                        "table_name": contract.name,
-                        "version": contract.version,
-                        "change": change.text,
-                        "contract": contract_json(contract),
-                        "applied_at": now,
-                    }
-                )
-                about = {"table": contract.name, "version": contract.version}
-                log.info("table contract recorded", extra={**about, "change": change.text})
-        if rows:
-            write_deltalake(
-                self.store.table(SCHEMA_LOG),
-                pa.Table.from_pylist(rows, schema=SCHEMA_LOG.schema),
-                mode="append",
-            )
+        evolve_tables(self.store, evolutions)
 
     def _route(
         self, offsets: BatchOffsets

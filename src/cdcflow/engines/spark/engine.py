@@ -71,22 +71,27 @@ BINARY_FILE_DDL = "path string, modificationTime timestamp, length bigint, conte
 _CONFLICT_DETAIL = "event_id already received with different content"
 
 
+def check_source(config: CdcflowConfig) -> None:
+    """Refuse a source the Spark engine cannot read.
+
+    Raises:
+        ConfigError: not landing files, or ``source.min_file_age`` set.
+    """
+    if config.source.type != "files":
+        raise ConfigError("pipeline.engine: spark reads landing files only (source.type)")
+    if config.source.min_file_age:
+        raise ConfigError(
+            "source.min_file_age: not supported by pipeline.engine: spark (its file source "
+            "lists a file once); use the local engine for writers that append in place"
+        )
+
+
 class SparkEngine:
     """The distributed engine (PySpark Structured Streaming + delta-spark)."""
 
     def __init__(self, config: CdcflowConfig) -> None:
-        from cdcflow.engines.spark.session import get_session
-
-        self.config = config
+        check_source(config)
         self.mode = config.processing.delete_mode
-        self.app_id = f"cdcflow-{config.pipeline.name}"
-        if config.source.type != "files":
-            raise ConfigError("pipeline.engine: spark reads landing files only (source.type)")
-        if config.source.min_file_age:
-            raise ConfigError(
-                "source.min_file_age: not supported by pipeline.engine: spark (its file source "
-                "lists a file once); use the local engine for writers that append in place"
-            )
         self.store = DeltaStore(
             {spec.name: config.table_uri(spec.name) for spec in ALL_TABLES},
             config.storage.options,
@@ -96,10 +101,18 @@ class SparkEngine:
         from cdcflow.engines.local.replay import check_lakehouse
 
         check_lakehouse(config)  # an unfinished replay --apply or another delete_mode: refuse
-        self.spark: SparkSession = get_session(config.spark)
+        self._start(config)
         from cdcflow.engines.spark.validate import check_pattern
 
         check_pattern(self.spark, config.processing.customer_id_pattern)
+
+    def _start(self, config: CdcflowConfig) -> None:
+        """The session, the checkpoints and the per-run state (every Spark engine's)."""
+        from cdcflow.engines.spark.session import get_session
+
+        self.config = config
+        self.app_id = f"cdcflow-{config.pipeline.name}"
+        self.spark: SparkSession = get_session(config.spark)
         self.checkpoint = Checkpoint(config.checkpoint.location)
         self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
         self._ids_file = self.spark_checkpoint / "cdcflow_batch_ids.json"
@@ -297,13 +310,30 @@ class SparkEngine:
         return reader.load(self.config.table_uri(spec.name))
 
     def _process(self, frame: DataFrame, spark_batch_id: int) -> None:
-        from pyspark import StorageLevel
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
+        started = time.perf_counter()
+        taken = self._take(frame, spark_batch_id)
+        if taken is None:
+            return
+        offsets, meta = taken
+        report = self._run_files(frame, meta, offsets, started)
+        crash_point("before_commit", offsets.batch_id)
+        self.checkpoint.write_commit(
+            offsets.batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
+        )
+        crash_point("after_commit", offsets.batch_id)  # before Spark's own commit log
+        log.info("micro-batch committed", extra={"batch": report.log_fields()})
+        self._on_batch(report)
 
+    def _take(self, frame: DataFrame, spark_batch_id: int) -> tuple[BatchOffsets, list[Any]] | None:
+        """The pipeline's micro-batch of this Spark micro-batch, its offsets written.
+
+        Returns:
+            (the batch's offsets, the stream rows of its files' metadata), or None when there
+            is nothing to process (no file, or only files the other engine took; an empty
+            batch is committed here).
+        """
         from cdcflow.engines.spark.parse import local_path
 
-        started = time.perf_counter()
         # file metadata only (binaryFile prunes the content column): the batch's files
         meta = frame.select("path", "length", "modificationTime", "_processing_time").collect()
         batch_id = self._batch_ids().get(str(spark_batch_id))  # set: a re-run of this batch
@@ -316,7 +346,7 @@ class SparkEngine:
                 for file in recorded.values():  # Spark skips a file that is gone: stop instead
                     check_taken(file, batch_id)
         if not meta:
-            return
+            return None
         processing_time = meta[0]["_processing_time"].replace(tzinfo=UTC)
         files = sorted(
             (
@@ -328,7 +358,7 @@ class SparkEngine:
         )
         if batch_id is None:
             if not files:  # only files the other engine already took: nothing to do
-                return
+                return None
             batch_id = self._allocate_batch_id(spark_batch_id)
         offsets = BatchOffsets(batch_id, processing_time, tuple(files))
         if not self.checkpoint.is_committed(batch_id):
@@ -336,7 +366,21 @@ class SparkEngine:
         crash_point("after_offsets", batch_id)
         if not files:
             self.checkpoint.write_commit(batch_id, {"committed_at": _now(), "files": 0})
-            return
+            return None
+        return offsets, meta
+
+    def _run_files(
+        self, frame: DataFrame, meta: list[Any], offsets: BatchOffsets, started: float
+    ) -> BatchReport:
+        """Write one micro-batch of the customers tables (every commit up to ``after_audit``).
+
+        Returns:
+            The batch's report (also appended to ``audit/batch_log``).
+        """
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        batch_id, processing_time, files = offsets.batch_id, offsets.processing_time, offsets.files
         report = BatchReport(
             batch_id=batch_id,
             pipeline=self.config.pipeline.name,
@@ -348,41 +392,13 @@ class SparkEngine:
         stage = report.stage
 
         with stage("parse"):
-            batch_files = {f.path: f for f in files}
-            sources = {r["path"]: local_path(r["path"]) for r in meta}
-            sources = {hadoop: path for hadoop, path in sources.items() if path in batch_files}
+            sources, batch_files = self._sources(meta, offsets)
             records = self._records(frame, sources, batch_files, processing_time).persist(
                 StorageLevel.MEMORY_AND_DISK
             )
-            # duplicates: the first-arriving copy wins; earlier batches come from Bronze
-            prior = (
-                self._read(BRONZE)
-                .filter(F.col("batch_id") < batch_id)
-                .groupBy("event_id")
-                .agg(F.min("content_hash").alias("_prior_hash"))
+            classified = classify(records.filter("ok"), self._read(BRONZE), batch_id).persist(
+                StorageLevel.MEMORY_AND_DISK
             )
-            arrival = Window.partitionBy("event_id").orderBy(
-                "file_mtime_ms", "file_name", "source_line"
-            )
-            first = (
-                Window.partitionBy("event_id")
-                .orderBy("file_mtime_ms", "file_name", "source_line")
-                .rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-            )
-            candidates = (
-                records.filter("ok")
-                .join(prior, "event_id", "left")
-                .withColumn("_rn", F.row_number().over(arrival))
-                .withColumn("_first_hash", F.first("content_hash").over(first))
-            )
-            known = F.coalesce(F.col("_prior_hash"), F.col("_first_hash"))
-            is_first = F.col("_prior_hash").isNull() & (F.col("_rn") == 1)
-            classified = candidates.withColumn(
-                "_class",
-                F.when(is_first, F.lit("first"))
-                .when(F.col("content_hash") == known, F.lit("duplicate"))
-                .otherwise(F.lit("conflict")),
-            ).persist(StorageLevel.MEMORY_AND_DISK)
 
             pt = F.lit(processing_time).cast("timestamp")
             bronze = classified.filter(F.col("_class") != "conflict").select(
@@ -558,13 +574,19 @@ class SparkEngine:
         for cached in (records, classified, outcomes, *self._cached):
             cached.unpersist()
         self._cached.clear()
-        crash_point("before_commit", batch_id)
-        self.checkpoint.write_commit(
-            batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
-        )
-        crash_point("after_commit", batch_id)  # before Spark's own commit log
-        log.info("micro-batch committed", extra={"batch": report.log_fields()})
-        self._on_batch(report)
+        return report
+
+    @staticmethod
+    def _sources(
+        meta: list[Any], offsets: BatchOffsets
+    ) -> tuple[dict[str, str], dict[str, LandingFile]]:
+        """(Hadoop path → local path, local path → the file as the offsets record it) of the
+        batch's files among the stream rows ``meta``."""
+        from cdcflow.engines.spark.parse import local_path
+
+        batch_files = {f.path: f for f in offsets.files}
+        sources = {r["path"]: local_path(r["path"]) for r in meta}
+        return {h: p for h, p in sources.items() if p in batch_files}, batch_files
 
     def _records(
         self,
@@ -604,18 +626,7 @@ class SparkEngine:
             "processing_time": processing_time,
             "max_clock_skew": rules.max_clock_skew,
         }
-        wanted = self.spark.createDataFrame(
-            [
-                (hadoop, path, taken[path].size, taken[path].mtime_ns // 1000)
-                for hadoop, path in sources.items()
-            ],
-            "path string, source_file string, taken bigint, mtime_us bigint",
-        )
-        content = frame.join(wanted.select("path", "taken", "mtime_us"), "path").select(
-            "path",
-            F.timestamp_micros("mtime_us").alias("modificationTime"),
-            F.expr("substring(content, 1, taken)").alias("content"),
-        )
+        wanted, content = self._content(frame, sources, taken)
         exact = F.col("path").endswith(".gz") | ~F.expr("is_valid_utf8(cast(content as string))")
         whole = (
             content.join(wanted.select("path"), "path", "left_semi")
@@ -650,6 +661,28 @@ class SparkEngine:
             .mapInArrow(partial(check_lines, **params), RECORD_DDL)
         )
         return accepted.unionByName(others).unionByName(whole)
+
+    def _content(
+        self, frame: DataFrame, sources: dict[str, str], taken: dict[str, LandingFile]
+    ) -> tuple[DataFrame, DataFrame]:
+        """The batch's files as recorded: (``wanted``: one row per file — path, source_file,
+        taken (bytes), mtime_us — and ``content``: path, modificationTime (the recorded one),
+        content (the first ``taken`` bytes))."""
+        from pyspark.sql import functions as F
+
+        wanted = self.spark.createDataFrame(
+            [
+                (hadoop, path, taken[path].size, taken[path].mtime_ns // 1000)
+                for hadoop, path in sources.items()
+            ],
+            "path string, source_file string, taken bigint, mtime_us bigint",
+        )
+        content = frame.join(wanted.select("path", "taken", "mtime_us"), "path").select(
+            "path",
+            F.timestamp_micros("mtime_us").alias("modificationTime"),
+            F.expr("substring(content, 1, taken)").alias("content"),
+        )
+        return wanted, content
 
     def _merge_silver(
         self, events: DataFrame, targets: DataFrame, prior_tombs: DataFrame, batch_id: int
@@ -775,6 +808,48 @@ class SparkEngine:
         table = DeltaTable.forPath(self.spark, self.config.table_uri(TOMBSTONES.name))
         with self._txn_conf(purge_app, batch_id):
             table.delete(expired)
+
+
+def classify(candidates: DataFrame, bronze: DataFrame, batch_id: int) -> DataFrame:
+    """Duplicate classification of a micro-batch's valid records (:mod:`cdcflow.plan.dedup`).
+
+    The first-arriving copy of an event id wins (arrival: file modification time, file name,
+    line); an id that earlier batches' Bronze rows already hold has its copy there.
+
+    Args:
+        candidates: the batch's valid records: event_id, content_hash, file_mtime_ms,
+            file_name, source_line, ...
+        bronze: the table's Bronze (rows of batches before ``batch_id`` are read).
+        batch_id: the micro-batch.
+
+    Returns:
+        ``candidates`` with ``_class``: ``first``, ``duplicate`` (same content as the kept
+        copy) or ``conflict`` (other content: ``DUPLICATE_EVENT_CONFLICT``).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    prior = (
+        bronze.filter(F.col("batch_id") < batch_id)
+        .groupBy("event_id")
+        .agg(F.min("content_hash").alias("_prior_hash"))
+    )
+    order = ("file_mtime_ms", "file_name", "source_line")
+    arrival = Window.partitionBy("event_id").orderBy(*order)
+    first = arrival.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    ranked = (
+        candidates.join(prior, "event_id", "left")
+        .withColumn("_rn", F.row_number().over(arrival))
+        .withColumn("_first_hash", F.first("content_hash").over(first))
+    )
+    known = F.coalesce(F.col("_prior_hash"), F.col("_first_hash"))
+    is_first = F.col("_prior_hash").isNull() & (F.col("_rn") == 1)
+    return ranked.withColumn(
+        "_class",
+        F.when(is_first, F.lit("first"))
+        .when(F.col("content_hash") == known, F.lit("duplicate"))
+        .otherwise(F.lit("conflict")),
+    )
 
 
 def _ns(modified: Any) -> int:

@@ -1,0 +1,641 @@
+"""Spark engine for declared tables: every contract of a ``tables:`` section in one micro-batch.
+
+The Spark counterpart of :mod:`cdcflow.engines.local.contracts`, with the same tables, rows,
+reason codes, commit order and crash points; it continues (and is continued by) a lakehouse
+the local engine wrote. The streaming loop, batch ids and checkpoint are those of
+:class:`cdcflow.engines.spark.engine.SparkEngine`; per micro-batch:
+
+1. **route** (``mapInArrow`` over the batch's files, :func:`route_files`): one row per non-blank
+   line with the declared table its ``metadata.source_table`` names, or the ``UNKNOWN_TABLE`` /
+   ``MALFORMED_JSON`` reason of a record that cannot be routed;
+2. per table, in declared order: **validate** (``mapInArrow``, :func:`validate_lines`: the
+   engine-neutral rules of :class:`cdcflow.plan.contract_rules.ContractValidator`, typed values
+   in the table's Bronze types), duplicate classification against Bronze
+   (:func:`cdcflow.engines.spark.engine.classify`), Bronze append — ``after_bronze``,
+   quarantine append — ``after_quarantine``, the contract's fold and sequence-guarded Silver
+   MERGE ON every key column (:mod:`cdcflow.engines.spark.fold`, :mod:`cdcflow.plan.merge_spec`)
+   — ``after_silver_merge``, hard mode: tombstone MERGE and purge — ``after_silver``, the SCD2
+   history MERGE of the touched keys (:mod:`cdcflow.engines.spark.history`) —
+   ``after_history``;
+3. ``quarantine/unrouted_events``, ``audit/table_batch_log`` — ``after_outcomes`` — and
+   ``audit/batch_log`` — ``after_audit``.
+
+Every write carries the Delta app transaction ``cdcflow-<pipeline>`` with version = batch id and
+is skipped when the table already holds it. The schema stop and compatible evolution of the
+contracts happen before the stream starts (:func:`cdcflow.engines.local.contracts.open_tables`).
+Not in this engine: ``unknown_fields: evolve`` (refused in one line: it needs the batch's
+unknown fields on the driver before anything is written; the local engine applies it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from functools import partial
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.contracts import (
+    TABLE_BATCH_LOG,
+    UNKNOWN_TABLE,
+    UNROUTED,
+    TableReport,
+    open_tables,
+)
+from cdcflow.engines.spark.engine import SparkEngine, check_source, classify
+from cdcflow.errors import ConfigError
+from cdcflow.layers.contract_tables import ContractTables, contract_tables
+from cdcflow.layers.tables import BATCH_LOG, TableSpec
+from cdcflow.logs import get_logger
+from cdcflow.model.contracts import TableContract
+from cdcflow.model.events import Operation
+from cdcflow.model.lsn import LSN_KEY_WIDTH
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
+from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
+from cdcflow.plan.rules import Rejection, parse_record
+from cdcflow.report import BatchReport
+from cdcflow.sources.files import content_lines
+from cdcflow.state.checkpoint import BatchOffsets
+from cdcflow.state.faults import crash_point
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+log = get_logger("engine.spark.tables")
+
+_CONFLICT_DETAIL = "event_id already received with different content"
+#: Columns of one line of a landing file, as every step reads them.
+LINE_FIELDS = [
+    pa.field("source_file", pa.string()),
+    pa.field("source_line", pa.int64()),
+    pa.field("file_mtime_ms", pa.int64()),
+    pa.field("file_name", pa.string()),
+    pa.field("raw", pa.string()),
+]
+LINE_COLUMNS = [f.name for f in LINE_FIELDS]
+#: :func:`route_files`' output: a line, its table (null: unrouted) and an unrouted line's
+#: reason, detail, event id and ``source_table``.
+ROUTED_SCHEMA = pa.schema(
+    [
+        *LINE_FIELDS,
+        pa.field("table_name", pa.string()),
+        pa.field("failure_reason", pa.string()),
+        pa.field("failure_detail", pa.string()),
+        pa.field("event_id", pa.string()),
+        pa.field("source_table", pa.string()),
+    ]
+)
+
+
+def _spark_schema(schema: pa.Schema) -> StructType:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def _text(value: Any) -> str | None:
+    """A JSON value as text for a quarantine column: strings as they are, else JSON."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _tx_id(record: dict[str, Any]) -> Any:
+    metadata = record.get("metadata")
+    return metadata.get("tx_id") if isinstance(metadata, dict) else None
+
+
+def route_files(
+    batches: Iterator[pa.RecordBatch], names: tuple[str, ...]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` function: landing files → routed lines (``ROUTED_SCHEMA``).
+
+    Input columns: ``source_file`` (local path), ``file_mtime_ms``, ``content`` (the bytes the
+    batch takes). Lines are split as :func:`cdcflow.sources.files.read_records` does; a record
+    is routed by ``metadata.source_table`` (:func:`cdcflow.plan.contract_rules.route_name`) to
+    one of ``names``, else unrouted as ``MALFORMED_JSON`` or ``UNKNOWN_TABLE``, exactly as the
+    local engine decides.
+    """
+    declared = set(names)
+    for batch in batches:
+        rows = zip(
+            batch.column("source_file").to_pylist(),
+            batch.column("file_mtime_ms").to_pylist(),
+            batch.column("content").to_pylist(),
+            strict=True,
+        )
+        for file, mtime, content in rows:
+            cols: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
+            for line, data, error in content_lines(file, content or b""):
+                cols["source_file"].append(file)
+                cols["source_line"].append(line)
+                cols["file_mtime_ms"].append(mtime)
+                cols["file_name"].append(PurePosixPath(file).name)
+                cols["raw"].append((data or b"").decode("utf-8", "backslashreplace"))
+                table = reason = detail = event_id = source = None
+                if data is None:
+                    reason, detail = "MALFORMED_JSON", error or "unreadable"
+                else:
+                    parsed = parse_record(data)
+                    if isinstance(parsed, Rejection):
+                        reason, detail = parsed.reason, parsed.detail
+                    else:
+                        source = route_name(parsed)
+                        if source is not None and source in declared:
+                            table = source
+                        else:
+                            raw_eid = parsed.get("event_id")
+                            event_id = raw_eid.strip() if isinstance(raw_eid, str) else None
+                            reason = UNKNOWN_TABLE
+                            detail = (
+                                "metadata.source_table is missing, null or blank"
+                                if source is None
+                                else "metadata.source_table names no declared table "
+                                f"(declared: {', '.join(names)})"
+                            )
+                cols["table_name"].append(table)
+                cols["failure_reason"].append(reason)
+                cols["failure_detail"].append(detail)
+                cols["event_id"].append(event_id)
+                cols["source_table"].append(source if table is None else None)
+            yield pa.RecordBatch.from_pydict(cols, schema=ROUTED_SCHEMA)
+
+
+def record_schema(contract: TableContract) -> pa.Schema:
+    """:func:`validate_lines`' output for a table: a line, ``ok``, the rejection's reason and
+    detail, the Bronze columns from ``event_id`` to ``content_hash`` (typed as in Bronze, null
+    for a rejected record) and ``_q_<key>``: each key column as quarantine text."""
+    bronze = contract_tables(contract).bronze.schema
+    names = bronze.names
+    typed = [bronze.field(n).with_nullable(True) for n in names[names.index("event_id") : -1]]
+    return pa.schema(
+        [
+            *LINE_FIELDS,
+            pa.field("ok", pa.bool_()),
+            pa.field("failure_reason", pa.string()),
+            pa.field("failure_detail", pa.string()),
+            *typed,
+            *[pa.field(f"_q_{k}", pa.string()) for k in contract.keys],
+        ]
+    )
+
+
+def validate_lines(
+    batches: Iterator[pa.RecordBatch],
+    contract: TableContract,
+    processing_time: datetime,
+    max_clock_skew: timedelta,
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` function: one table's routed lines → validated records
+    (:func:`record_schema`), by the contract's rules (the local engine's validator)."""
+    schema = record_schema(contract)
+    validator = ContractValidator(contract, processing_time, max_clock_skew)
+    attributes = [c.name for c in contract.attributes]
+    keys = list(contract.keys)
+    for batch in batches:
+        cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+        for row in batch.select(LINE_COLUMNS).to_pylist():
+            for name in LINE_COLUMNS:
+                cols[name].append(row[name])
+            parsed = parse_record(row["raw"])
+            assert not isinstance(parsed, Rejection)  # routed lines are JSON objects
+            for key in keys:
+                cols[f"_q_{key}"].append(_text(parsed.get(contract.column(key).field)))
+            result = validator.validate_object(parsed)
+            if isinstance(result, Rejection):
+                cols["ok"].append(False)
+                cols["failure_reason"].append(result.reason)
+                cols["failure_detail"].append(result.detail)
+                cols["event_id"].append(result.event_id)
+                for name in schema.names[schema.names.index("event_id") + 1 :]:
+                    if not name.startswith("_q_"):
+                        cols[name].append(None)
+                continue
+            event: ChangeEvent = result
+            cols["ok"].append(True)
+            cols["failure_reason"].append(None)
+            cols["failure_detail"].append(None)
+            cols["event_id"].append(event.event_id)
+            for i, key in enumerate(keys):
+                cols[key].append(event.key[i])
+            cols["operation"].append(event.operation.value)
+            cols["event_timestamp"].append(event.event_timestamp)
+            for name in attributes:
+                cols[name].append(event.values.get(name))
+            cols["present_mask"].append(
+                sum(1 << i for i, a in enumerate(attributes) if a in event.values)
+            )
+            cols["source_table"].append(contract.name)
+            cols["lsn"].append(event.lsn)
+            cols["lsn_key"].append(event.sequence[:LSN_KEY_WIDTH])
+            cols["tx_id"].append(_text(_tx_id(parsed)))
+            cols["sequence"].append(event.sequence)
+            cols["content_hash"].append(event.content_hash)
+        yield pa.RecordBatch.from_pydict(cols, schema=schema)
+
+
+class SparkContractsEngine(SparkEngine):
+    """The Spark engine of a config with a ``tables:`` section (see module doc).
+
+    Args:
+        config: the pipeline's config; ``config.tables`` is not empty.
+
+    Raises:
+        ConfigError: a source the Spark engine cannot read, or a contract with
+            ``unknown_fields: evolve``.
+        SchemaDriftError: a contract changed incompatibly (nothing is written).
+    """
+
+    def __init__(self, config: CdcflowConfig) -> None:
+        check_source(config)
+        evolving = [c.name for c in config.contracts() if c.unknown_fields == "evolve"]
+        if evolving:
+            raise ConfigError(
+                f"key 'tables': table {evolving[0]} has unknown_fields: evolve, which "
+                "pipeline.engine: spark does not apply yet (use the local engine, or "
+                "unknown_fields: ignore or quarantine)"
+            )
+        self.store, self.contracts = open_tables(config)
+        self._modes = ",".join(sorted({c.delete_mode for c in self.contracts}))
+        self._start(config)
+
+    # ------------------------------------------------------------------ one micro-batch
+    def _run_files(
+        self, frame: DataFrame, meta: list[Any], offsets: BatchOffsets, started: float
+    ) -> BatchReport:
+        """Write one micro-batch of every declared table (every commit up to ``after_audit``).
+
+        Returns:
+            The batch's totals (also appended to ``audit/batch_log``).
+        """
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        batch_id = offsets.batch_id
+        report = BatchReport(
+            batch_id=batch_id,
+            pipeline=self.config.pipeline.name,
+            kind="stream",
+            started_at=offsets.processing_time,
+            files=len(offsets.files),
+            delete_mode=self._modes,
+        )
+        with report.stage("parse"):
+            sources, batch_files = self._sources(meta, offsets)
+            wanted, content = self._content(frame, sources, batch_files)
+            names = tuple(c.name for c in self.contracts)
+            routed = (
+                content.join(wanted.select("path", "source_file"), "path")
+                .select(
+                    "source_file",
+                    F.unix_millis("modificationTime").alias("file_mtime_ms"),
+                    "content",
+                )
+                .mapInArrow(partial(route_files, names=names), _spark_schema(ROUTED_SCHEMA))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            self._cached.append(routed)
+        reports = [TableReport(batch_id, c.name) for c in self.contracts]
+        with report.stage("tables"):
+            for contract, table_report in zip(self.contracts, reports, strict=True):
+                self._run_table(contract, routed, offsets, table_report)
+        with report.stage("audit"):
+            pt = F.lit(offsets.processing_time).cast("timestamp")
+            unrouted = routed.filter(F.col("table_name").isNull()).select(
+                F.lit(batch_id).alias("batch_id"),
+                pt.alias("quarantined_at"),
+                "source_file",
+                "source_line",
+                F.col("raw").alias("raw_line"),
+                "failure_reason",
+                "failure_detail",
+                "event_id",
+                "source_table",
+            )
+            counted = routed.agg(
+                F.count("*").alias("received"),
+                F.count(F.when(F.col("table_name").isNull(), 1)).alias("unrouted"),
+            ).first()
+            assert counted is not None
+            if counted["unrouted"]:
+                self._append(unrouted, UNROUTED, batch_id)
+            self._append_rows([vars(r) for r in reports], TABLE_BATCH_LOG, batch_id)
+            crash_point("after_outcomes", batch_id)
+            report.records_received = counted["received"]
+            report.accepted = sum(r.accepted for r in reports)
+            report.quarantined = sum(r.quarantined for r in reports) + counted["unrouted"]
+            report.duplicates = sum(r.duplicates for r in reports)
+            report.inserts = sum(r.inserts for r in reports)
+            report.updates = sum(r.updates for r in reports)
+            report.deletes = sum(r.deletes for r in reports)
+            report.duration_ms = int((time.perf_counter() - started) * 1000)
+            self._append_rows([report.row()], BATCH_LOG, batch_id)
+        crash_point("after_audit", batch_id)
+        for cached in self._cached:
+            cached.unpersist()
+        self._cached.clear()
+        log.info(
+            "micro-batch committed",
+            extra={"batch": report.log_fields(), "tables": [vars(r) for r in reports]},
+        )
+        return report
+
+    def _append_rows(self, rows: list[dict[str, Any]], spec: TableSpec, batch_id: int) -> None:
+        """Append driver-side rows (audit tables) under the app transaction."""
+        if not rows or self._txn(spec, batch_id):
+            return
+        table = pa.Table.from_pylist(rows, schema=spec.schema)
+        self._append(self.spark.createDataFrame(table), spec, batch_id)
+
+    def _run_table(
+        self,
+        contract: TableContract,
+        routed: DataFrame,
+        offsets: BatchOffsets,
+        report: TableReport,
+    ) -> None:
+        """Validate, de-duplicate and write one table's records of the micro-batch."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        batch_id = offsets.batch_id
+        tables = contract_tables(contract)
+        rules = self.config.processing
+        validate = partial(
+            validate_lines,
+            contract=contract,
+            processing_time=offsets.processing_time,
+            max_clock_skew=rules.max_clock_skew,
+        )
+        records = (
+            routed.filter(F.col("table_name") == contract.name)
+            .select(*LINE_COLUMNS)
+            .mapInArrow(validate, _spark_schema(record_schema(contract)))
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        self._cached.append(records)
+        # Bronze as before this batch's append (a recomputed cache must not see its own rows)
+        before = self._read(tables.bronze, self.store.table(tables.bronze).version())
+        classified = classify(records.filter("ok"), before, batch_id).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+        self._cached.append(classified)
+        counts = (
+            classified.agg(
+                F.count("*").alias("candidates"),
+                F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
+                F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
+                *[
+                    F.count(
+                        F.when((F.col("_class") == "first") & (F.col("operation") == op.value), 1)
+                    ).alias(op.value)
+                    for op in Operation
+                ],
+            )
+            .crossJoin(records.agg(F.count("*").alias("received")))
+            .first()
+        )
+        assert counts is not None
+        report.records_received = counts["received"]
+        report.accepted = counts["candidates"] - counts["conflicts"]
+        report.quarantined = report.records_received - report.accepted
+        report.duplicates = counts["duplicates"]
+        report.inserts = counts[Operation.INSERT.value]
+        report.updates = counts[Operation.UPDATE.value]
+        report.deletes = counts[Operation.DELETE.value]
+
+        pt = F.lit(offsets.processing_time).cast("timestamp")
+        bronze_names = tables.bronze.schema.names
+        bronze = classified.filter(F.col("_class") != "conflict").select(
+            F.lit(batch_id).alias("batch_id"),
+            pt.alias("ingested_at"),
+            F.lit(offsets.processing_time.date()).alias("ingestion_date"),
+            "source_file",
+            "source_line",
+            F.col("raw").alias("raw_payload"),
+            *bronze_names[bronze_names.index("event_id") : -1],
+            (F.col("_class") == "duplicate").alias("is_duplicate"),
+        )
+        if report.accepted:
+            self._append(bronze, tables.bronze, batch_id)
+        crash_point("after_bronze", batch_id)
+        quarantine_keys = [F.col(f"_q_{k}").alias(k) for k in contract.keys]
+        rejected = records.filter(~F.col("ok")).select(
+            *LINE_COLUMNS, "failure_reason", "failure_detail", "event_id", *quarantine_keys
+        )
+        conflicts = classified.filter(F.col("_class") == "conflict").select(
+            *LINE_COLUMNS,
+            F.lit("DUPLICATE_EVENT_CONFLICT").alias("failure_reason"),
+            F.lit(_CONFLICT_DETAIL).alias("failure_detail"),
+            "event_id",
+            *quarantine_keys,
+        )
+        quarantine = rejected.unionByName(conflicts).select(
+            F.lit(batch_id).alias("batch_id"),
+            pt.alias("quarantined_at"),
+            "source_file",
+            "source_line",
+            F.col("raw").alias("raw_line"),
+            "failure_reason",
+            "failure_detail",
+            "event_id",
+            *contract.keys,
+        )
+        if report.quarantined:
+            self._append(quarantine, tables.quarantine, batch_id)
+        crash_point("after_quarantine", batch_id)
+
+        firsts = report.accepted - report.duplicates
+        if firsts:
+            fold_columns = [
+                *contract.keys,
+                "event_id",
+                "operation",
+                "event_timestamp",
+                *(c.name for c in contract.attributes),
+                "present_mask",
+                "lsn",
+                "sequence",
+            ]
+            events = classified.filter(F.col("_class") == "first").select(*fold_columns)
+            keys = events.select(*contract.keys).distinct()
+            self._table_silver(contract, tables, events, keys, batch_id)
+            crash_point("after_silver_merge", batch_id)
+            if contract.delete_mode == "hard":
+                self._table_tombstones(contract, tables, events, offsets)
+            crash_point("after_silver", batch_id)
+            self._table_history(contract, tables, keys, fold_columns, batch_id)
+            crash_point("after_history", batch_id)
+        report.silver_version = self.store.table(tables.silver).version()
+
+    def _table_silver(
+        self,
+        contract: TableContract,
+        tables: ContractTables,
+        events: DataFrame,
+        keys: DataFrame,
+        batch_id: int,
+    ) -> None:
+        if self._txn(tables.silver, batch_id):
+            return
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.fold import batch_tombstones, fold_events
+
+        key = list(contract.keys)
+        mode = contract.delete_mode
+        if mode == "soft":  # no tombstones to read in soft mode
+            source = fold_events(events, mode, None, contract)
+        else:
+            prior = (
+                self._read(tables.tombstones, self.store.table(tables.tombstones).version())
+                .join(keys, key, "left_semi")
+                .select(*key, "_cdc_seq")
+            )
+            source = fold_events(events, mode, prior, contract)
+            targets = (
+                self._read(tables.silver, self.store.table(tables.silver).version())
+                .join(keys, key, "left_semi")
+                .select(
+                    *key,
+                    F.col("_cdc_seq").alias("_t_seq"),
+                    F.col("_cdc_min_seq").alias("_t_min_seq"),
+                )
+            )
+            # a DELETE between a row's first and last events: refold the key's whole history
+            tombs = batch_tombstones(events, contract).select(*key, F.col("_cdc_seq").alias("_tb"))
+            split = (
+                targets.join(tombs, key)
+                .filter((F.col("_t_min_seq") <= F.col("_tb")) & (F.col("_tb") < F.col("_t_seq")))
+                .select(*key)
+            )
+            if not split.isEmpty():  # rare: one small job to find out
+                history = (
+                    self._read(tables.bronze)
+                    .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
+                    .join(split, key, "left_semi")
+                    .select(*events.columns)
+                )
+                exact = fold_events(history, "hard", None, contract)
+                source = source.join(split, key, "left_anti").unionByName(exact)
+            # a tombstone-only row matters only where a Silver row exists
+            source = (
+                source.join(targets.select(*key, F.lit(True).alias("_has_target")), key, "left")
+                .filter(F.col("_cdc_seq").isNotNull() | F.col("_has_target").isNotNull())
+                .drop("_has_target")
+            )
+        spec = silver_merge_spec(tables.silver.schema.names, contract)
+        table = DeltaTable.forPath(self.spark, self.config.table_uri(tables.silver.name))
+        with self._txn_conf(self.app_id, batch_id):
+            (
+                table.alias("t")
+                .merge(source.alias("s"), spec.on)
+                .whenMatchedDelete(spec.delete_when)
+                .whenMatchedUpdate(spec.update_when, dict(spec.update_set))
+                .whenNotMatchedInsert(spec.insert_when, dict(spec.insert_values))
+                .execute()
+            )
+
+    def _table_tombstones(
+        self,
+        contract: TableContract,
+        tables: ContractTables,
+        events: DataFrame,
+        offsets: BatchOffsets,
+    ) -> None:
+        """Hard mode: MERGE the batch's tombstones, then purge those past the contract's
+        ``tombstone_retention_days`` (own app transaction ``<app_id>-tombstone-purge``)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.local.delta import nothing_expired
+        from cdcflow.engines.spark.fold import batch_tombstones
+
+        batch_id = offsets.batch_id
+        spec = tables.tombstones
+        uri = self.config.table_uri(spec.name)
+        if not self._txn(spec, batch_id):
+            source = batch_tombstones(events, contract).withColumn(
+                "tombstoned_at", F.lit(offsets.processing_time).cast("timestamp")
+            )
+            with self._txn_conf(self.app_id, batch_id):
+                (
+                    DeltaTable.forPath(self.spark, uri)
+                    .alias("t")
+                    .merge(source.alias("s"), key_predicate(contract))
+                    .whenMatchedUpdateAll(TOMBSTONE_UPDATE_WHEN)
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                )
+        purge_app = f"{self.app_id}-tombstone-purge"
+        if self._txn(spec, batch_id, purge_app):
+            return
+        cutoff = offsets.processing_time - timedelta(days=contract.tombstone_retention_days)
+        if nothing_expired(self.store.table(spec), cutoff):  # no Spark job
+            return
+        expired = F.col("tombstoned_at") < F.lit(cutoff).cast("timestamp")
+        if self._read(spec).filter(expired).limit(1).count() == 0:
+            return
+        with self._txn_conf(purge_app, batch_id):
+            DeltaTable.forPath(self.spark, uri).delete(expired)
+
+    def _table_history(
+        self,
+        contract: TableContract,
+        tables: ContractTables,
+        keys: DataFrame,
+        fold_columns: list[str],
+        batch_id: int,
+    ) -> None:
+        """Recompute the touched keys' SCD2 timelines from Bronze; MERGE the difference."""
+        spec = tables.history
+        if self._txn(spec, batch_id):
+            return
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.history import (
+            HISTORY_DELETE_WHEN,
+            HISTORY_UPSERT_WHEN,
+            history_changes,
+            history_frame,
+            history_merge_on,
+        )
+
+        key = list(contract.keys)
+        events = (
+            self._read(tables.bronze)
+            .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
+            .join(keys, key, "left_semi")
+            .select(*fold_columns)
+        )
+        stored = self._read(spec, self.store.table(spec).version()).join(keys, key, "left_semi")
+        fresh = history_frame(events, contract.delete_mode, contract)
+        source = history_changes(fresh, stored, contract)
+        columns = {name: f"s.{name}" for name in spec.schema.names}
+        table = DeltaTable.forPath(self.spark, self.config.table_uri(spec.name))
+        with self._txn_conf(self.app_id, batch_id):
+            (
+                table.alias("t")
+                .merge(source.alias("s"), history_merge_on(contract))
+                .whenMatchedDelete(HISTORY_DELETE_WHEN)
+                .whenMatchedUpdate(HISTORY_UPSERT_WHEN, dict(columns))
+                .whenNotMatchedInsert(HISTORY_UPSERT_WHEN, dict(columns))
+                .execute()
+            )
+
+
+__all__ = [
+    "ROUTED_SCHEMA",
+    "SparkContractsEngine",
+    "record_schema",
+    "route_files",
+    "validate_lines",
+]

@@ -1,0 +1,171 @@
+"""Declared tables on the Spark engine: the conformance of both engines over three contracts.
+
+The three contracts: the shipped customers contract declared as a table, ``accounts`` (an
+integer key; decimal, date, timestamp, boolean and double columns) and ``order_lines`` (a
+composite key of a string and an integer). The same landing files — shuffled, re-delivered,
+late, invalid and unroutable records, cut into several micro-batches — run through the local
+and the Spark engine, in both delete modes: every table (Bronze, quarantine, Silver,
+tombstones, history, the unrouted quarantine and the per-table batch log) must be equal, and
+each Silver and history must equal the contract's reference fold and timeline. Then the engines
+take turns over one lakehouse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.errors import ConfigError
+from cdcflow.model.contracts import CUSTOMERS
+from cdcflow.pipeline import Pipeline, Trigger
+from tests.test_tables_pipeline import (
+    TABLES,
+    assert_silver_is_the_fold,
+    comparable,
+    contract_of,
+    rec,
+    silver,
+    write_files,
+)
+
+pytestmark = pytest.mark.spark
+
+CUSTOMERS_TABLE = CUSTOMERS.model_dump(mode="json", exclude_defaults=True)
+
+
+def three_tables(root: Path, mode: str, engine: str, **table: Any) -> CdcflowConfig:
+    """A config declaring customers, accounts and order_lines in ``mode`` on ``engine``."""
+    tables = [{**t, "delete_mode": mode, **table} for t in (CUSTOMERS_TABLE, *TABLES)]
+    raw = {
+        "pipeline": {"name": "shop", "engine": engine},
+        "storage": {"root": str(root / "lake")},
+        "source": {"path": str(root / "landing"), "max_files_per_trigger": 2},
+        "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "shop")},
+        "tables": tables,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "landing").mkdir(exist_ok=True)
+    path = root / "cdcflow.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_config(path)
+
+
+def workload(seed: int) -> list[list[str]]:
+    """Changes of the three tables, shuffled within a window, partly re-delivered, with bad and
+    unroutable records, cut into five landing files."""
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    lsn = 100
+    for i in range(36):
+        lsn += 1
+        op = rng.choice(["INSERT", "UPDATE", "UPDATE", "DELETE"])
+        kind = i % 3
+        if kind == 0:
+            fields: dict[str, Any] = {"customer_id": f"C-{rng.randint(1, 3)}"}
+            if op != "DELETE":
+                fields["status"] = rng.choice(["active", "INACTIVE", "ACTIVE", "bogus"])
+                fields["city"] = rng.choice(["Lyon", "Oslo", None, 12.5])
+                if rng.random() < 0.5:
+                    fields["email"] = f"u{i}@x.com"
+            records.append(rec("customers", f"C{i}", op, lsn, minutes_ago=30 - i % 7, **fields))
+        elif kind == 1:
+            fields = {"account_id": rng.choice([1, 2, "3", "x"])}
+            if op != "DELETE":
+                fields["balance"] = rng.choice(["10.50", 7, -1, None])
+                fields["opened_on"] = rng.choice(["2024-02-29", None, "2024-02-30"])
+                fields["closed_at"] = rng.choice(["2025-05-12T10:00:00+02:00", None])
+                fields["vip"] = rng.choice([True, "false", None])
+                fields["rate"] = rng.choice([0.5, "1e3"])
+            records.append(rec("accounts", f"A{i}", op, lsn, minutes_ago=30 - i % 5, **fields))
+        else:
+            fields = {"order_id": rng.choice(["O-1", "O-2"]), "line_no": rng.choice([1, 2])}
+            if op != "DELETE":
+                fields["sku"] = rng.choice(["ABC-1", "XYZ-22", "abc"])
+                fields["quantity"] = rng.choice([1, "002", 0])
+                fields["attributes"] = rng.choice([{"k": [1, 2]}, None, [], "x"])
+            table = rng.choice(["order_lines", "public.order_lines"])
+            records.append(rec(table, f"L{i}", op, lsn, minutes_ago=30 - i % 3, **fields))
+    lines = [json.dumps(r) for r in records]
+    lines += [json.dumps(rec("invoices", "I1", "INSERT", 1, invoice_id=1)), "{not json"]
+    lines += rng.sample(lines[:36], 8)  # re-deliveries
+    conflict = {**records[3], "event_timestamp": records[4]["event_timestamp"]}
+    lines.append(json.dumps(conflict))  # an id seen before with other content
+    # arrival: shuffled within a sliding window (late events), then cut into files
+    order = sorted(range(len(lines)), key=lambda n: n + rng.uniform(0, 12))
+    arrived = [lines[n] for n in order]
+    cuts = sorted(rng.sample(range(1, len(arrived)), 4))
+    return [arrived[a:b] for a, b in zip([0, *cuts], [*cuts, len(arrived)], strict=True)]
+
+
+#: Every table a declared-tables run writes, compared engine against engine.
+def written_tables(config: CdcflowConfig) -> list[str]:
+    names = ["quarantine/unrouted_events", "audit/table_batch_log"]
+    for contract in config.contracts():
+        t = contract.table_names
+        names += [t.bronze, t.quarantine, t.silver, t.history]
+        if contract.delete_mode == "hard":
+            names.append(t.tombstones)
+    return names
+
+
+def comparable_log(config: CdcflowConfig) -> list[str]:
+    """``audit/table_batch_log`` without the Silver version (an engine's MERGE of a source it
+    filtered to nothing still commits on Spark)."""
+    rows = [json.loads(r) for r in comparable(config, "audit/table_batch_log")]
+    return sorted(json.dumps({**r, "silver_version": None}, sort_keys=True) for r in rows)
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_spark_runs_every_contract_as_the_local_engine(
+    spark: Any, tmp_path: Path, mode: str
+) -> None:
+    files = workload(seed=7 if mode == "soft" else 11)
+    local = three_tables(tmp_path / "local", mode, "local")
+    write_files(local, files)
+    Pipeline(local).run(Trigger.parse("available-now"))
+    other = three_tables(tmp_path / "spark", mode, "spark")
+    write_files(other, files)
+    reports = Pipeline(other).run(Trigger.parse("available-now"))
+    assert [r.batch_id for r in reports] == [0, 1, 2]
+    everything = [line for lines in files for line in lines]
+    assert_silver_is_the_fold(other, everything, ("customers", "accounts", "order_lines"))
+    for name in written_tables(other):
+        if name == "audit/table_batch_log":
+            assert comparable_log(other) == comparable_log(local)
+        else:
+            assert comparable(other, name) == comparable(local, name), name
+    assert sum(r.records_received for r in reports) == len(everything)
+    customers = silver(other, contract_of(other, "customers"))
+    assert customers, "the workload leaves some customers"
+    assert all(row["is_active"] == (row["status"] == "ACTIVE") for row in customers.values())
+
+
+def test_engines_take_turns_over_declared_tables(spark: Any, tmp_path: Path) -> None:
+    """local → Spark → local over one lakehouse: the same tables as the local engine alone."""
+    files = workload(seed=3)
+    alone = three_tables(tmp_path / "alone", "hard", "local")
+    write_files(alone, files)
+    Pipeline(alone).run(Trigger.parse("available-now"))
+
+    root = tmp_path / "turns"
+    for engine, part in (("local", files[:2]), ("spark", files[2:4]), ("local", files[4:])):
+        config = three_tables(root, "hard", engine)
+        write_files(config, part)
+        Pipeline(config).run(Trigger.parse("available-now"))
+    for name in written_tables(config):
+        if name == "audit/table_batch_log":
+            assert comparable_log(config) == comparable_log(alone)
+        else:
+            assert comparable(config, name) == comparable(alone, name), name
+
+
+def test_spark_refuses_evolving_unknown_fields(tmp_path: Path) -> None:
+    config = three_tables(tmp_path, "soft", "spark", unknown_fields="evolve")
+    with pytest.raises(ConfigError, match="unknown_fields: evolve"):
+        Pipeline(config)
