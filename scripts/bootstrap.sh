@@ -16,4 +16,10 @@ if ! command -v uv >/dev/null 2>&1; then
     || { curl -LsSf https://astral.sh/uv/install.sh | env UV_NO_MODIFY_PATH=1 sh; }
   command -v uv >/dev/null 2>&1 || { echo "bootstrap: uv could not be installed" >&2; exit 1; }
 fi
+# One line when there is work to do (no .venv yet, or uv.lock / pyproject.toml changed), so a
+# first run does not sit silent while the dependencies download; nothing otherwise.
+plan=$(uv sync --frozen --all-extras --dry-run 2>&1 || true)
+if [[ $plan != *"Would make no changes"* ]]; then
+  echo "bootstrap: installing the locked dependencies into .venv (first run: a minute or two)"
+fi
 uv sync --frozen --all-extras --quiet
