@@ -210,6 +210,30 @@ def test_usage_errors_say_what_to_do(tmp_path: Path) -> None:
     assert "did you mean delete_mode?" in line
 
 
+def test_piped_results_fit_100_columns_and_a_line_stays_whole(tmp_path: Path) -> None:
+    """Without a terminal (and without COLUMNS) tables fit 100 columns, and a line of text
+    longer than that is printed whole, not broken."""
+    from rich.cells import cell_len
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW") and k != "COLUMNS"}
+    landing = tmp_path / ("a-rather-long-landing-folder-name-" * 4)
+    landing.mkdir()
+    (tmp_path / "cdcflow.yaml").write_text(CONFIG.replace("./landing", str(landing)))
+
+    def piped(*args: str) -> subprocess.CompletedProcess[str]:  # a fresh process, no terminal
+        cmd = [sys.executable, "-m", "cdcflow", *args]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    empty = piped("run", "--config", "cdcflow.yaml")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout == f"no new landing files in {landing}\n"  # one line, longer than 100
+    gen = piped("generate", "--out", "gen", "--events", "300", "--expected", "out/state.parquet")
+    assert gen.returncode == 0, gen.stderr
+    lines = gen.stdout.splitlines()
+    assert max(cell_len(line) for line in lines) <= 100, gen.stdout
+    assert any("expected quarantined" in line for line in lines)
+
+
 def test_progress_is_animated_only_on_a_terminal() -> None:
     from cdcflow.cli.progress import working
 

@@ -30,7 +30,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(width=None if sys.stdout.isatty() else 160)
+#: Width of the results when stdout is not a terminal (a pipe, a file, a CI log): tables fit
+#: 100 columns. A line of text is printed with ``soft_wrap=True``: whole, whatever its length.
+PIPED_WIDTH = 100
+console = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
 _state = {"debug": False}
 
 
@@ -188,7 +191,7 @@ def run(
         else:
             folder = Path(pipeline.config.source.path)
             missing = "" if folder.is_dir() else " (the folder does not exist)"
-            console.print(f"no new landing files in {folder}{missing}")
+            console.print(f"no new landing files in {folder}{missing}", soft_wrap=True)
 
 
 from cdcflow.cli.asof import as_of  # noqa: E402

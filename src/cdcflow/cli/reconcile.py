@@ -194,14 +194,17 @@ def print_report(report: ReconcileReport, title: str | None = None) -> None:
     """Print the summary table and the samples of what differs."""
     console.print(report_table(report, title))
     if report.missing_sample:
-        console.print(f"missing keys (first {len(report.missing_sample)}): {report.missing_sample}")
+        sample = report.missing_sample
+        console.print(f"missing keys (first {len(sample)}): {sample}", soft_wrap=True)
     if report.extra_sample:
-        console.print(f"extra keys (first {len(report.extra_sample)}): {report.extra_sample}")
+        sample = report.extra_sample
+        console.print(f"extra keys (first {len(sample)}): {sample}", soft_wrap=True)
     for diff in report.difference_sample:
         console.print(
             f"  {diff.customer_id}.{diff.column}: expected {diff.expected!r}, got {diff.actual!r}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
 
 

@@ -109,7 +109,8 @@ def _replay_declared(
             verdict = "[green]verified[/]" if r.verified else "[red]DIFFERENT[/]"
             console.print(
                 f"{r.table}: bronze v{r.bronze_version}, {r.events} events re-validated, "
-                f"{rejected} rejected on replay, {r.silver_rows} Silver rows rebuilt: {verdict}"
+                f"{rejected} rejected on replay, {r.silver_rows} Silver rows rebuilt: {verdict}",
+                soft_wrap=True,
             )
             if r.report is not None and not r.report.ok:
                 print_report(r.report)

@@ -45,13 +45,17 @@ def accept(
             cfg.table_uri(SCHEMA_LOG.name), storage_options=cfg.storage.options or None
         )
     except TableNotFoundError:
-        console.print(f"table {table}: no contract recorded yet (no run yet): nothing to accept")
+        console.print(
+            f"table {table}: no contract recorded yet (no run yet): nothing to accept",
+            soft_wrap=True,
+        )
         return
     done = accept(log_table, cfg.storage.root, declared[table], utc_now())
     if not done.changes:
         console.print(
             f"table {table}: no incompatible change to accept (compatible ones are applied by "
-            "the next run)"
+            "the next run)",
+            soft_wrap=True,
         )
         return
     console.print(
@@ -59,4 +63,5 @@ def accept(
         f"{done.retired_to}; the next run starts the table afresh",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )

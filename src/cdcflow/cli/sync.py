@@ -56,7 +56,7 @@ def verify_snowflake(config_path: Path) -> int:
     from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
 
     report = reconcile_snowflake(load(config_path))
-    console.print(report.summary(), markup=False, highlight=False)
+    console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
     return 0 if report.equal else 1
 
 
@@ -120,6 +120,7 @@ def snowflake(
                 f"{c.extra}, mismatched {c.mismatched}",
                 markup=False,
                 highlight=False,
+                soft_wrap=True,
             )
         if not all(c.equal for c in comparisons):
             raise typer.Exit(1)
@@ -127,6 +128,6 @@ def snowflake(
     if verify:
         with working("snowflake: comparing with silver and gold"):
             result = reconcile_snowflake(cfg)
-        console.print(result.summary(), markup=False, highlight=False)
+        console.print(result.summary(), markup=False, highlight=False, soft_wrap=True)
         if not result.equal:
             raise typer.Exit(1)
