@@ -77,7 +77,8 @@ StepFn = Callable[[DemoContext], tuple[bool, str]]
 
 def step_generate(ctx: DemoContext) -> tuple[bool, str]:
     """Generate landing files and the expected state."""
-    from cdcflow.cli.generate import write_expected
+    from cdcflow.cli.generate import summary_table, write_expected
+    from cdcflow.cli.tables import output_width
     from cdcflow.generator import GeneratorConfig, generate
 
     summary = generate(
@@ -87,8 +88,12 @@ def step_generate(ctx: DemoContext) -> tuple[bool, str]:
         ),
     )
     expected = ctx.root / "expected" / "silver.parquet"
-    counts = write_expected(summary, expected, delete_mode=ctx.config.processing.delete_mode)
+    delete_mode = ctx.config.processing.delete_mode
+    counts = write_expected(summary, expected, delete_mode=delete_mode)
     ctx.data.update(expected=expected, counts=counts)
+    table = summary_table(summary, ctx.root / "landing", expected, None, counts, delete_mode)
+    table.title = None  # the step's rule names it
+    console.print(table, width=output_width(console))
     return True, (
         f"{summary.records} records in {len(summary.files)} files "
         f"({summary.duplicates} duplicates, {summary.invalid} invalid)"
@@ -169,11 +174,13 @@ def step_gold(ctx: DemoContext) -> tuple[bool, str]:
 
 def step_snowflake(ctx: DemoContext) -> tuple[bool, str]:
     """Sync Silver and Gold to Snowflake (the fakesnow emulator without credentials), reconcile."""
+    from cdcflow.cli.sync import sync_table
     from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
     from cdcflow.sinks.snowflake.sync import sync_snowflake
 
-    sync_snowflake(ctx.config)
+    console.print(sync_table(sync_snowflake(ctx.config)))
     report = reconcile_snowflake(ctx.config)
+    console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
     return report.equal, report.summary()
 
 
@@ -454,7 +461,7 @@ def next_commands(ctx: DemoContext) -> list[str]:
     commands.append(f"{prog} optimize --config {config}")
     shop = ctx.data.get("shop_config")
     if shop is not None:
-        commands.append(f"{prog} validate --config {shlex.quote(str(shop))}")
+        commands.append(f"{prog} validate --config {_pasteable(shop)}")
     return commands
 
 
@@ -465,7 +472,8 @@ def demo(
     delete_mode: Annotated[str, typer.Option(help="soft | hard")] = "soft",
     output: Annotated[str, typer.Option(help="text | json")] = "text",
 ) -> None:
-    """Generate 10,000 events -> run -> reconcile against expected -> replay --verify."""
+    """The whole story on generated data: generate -> run -> Gold -> reconcile -> replay
+    --verify -> Snowflake -> declared tables (contract v1 -> v2); one summary table at the end."""
     if delete_mode not in ("soft", "hard"):
         raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
     hints: list[str] = []

@@ -26,7 +26,8 @@ sync_app = typer.Typer(
 )
 
 
-def _report_table(report: object) -> Table:
+def sync_table(report: object) -> Table:
+    """One row per synchronized Snowflake table (the versions, staged and merged rows, lag)."""
     from cdcflow.sinks.snowflake.sync import SyncReport
 
     assert isinstance(report, SyncReport)
@@ -89,7 +90,7 @@ def snowflake(
     def once(refresh: bool) -> None:
         with working("snowflake: synchronizing silver and gold"):
             report = sync_snowflake(cfg, full=refresh)
-        console.print(_report_table(report))
+        console.print(sync_table(report))
 
     def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
