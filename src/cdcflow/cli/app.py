@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cdcflow.cli.options import ConfigOption
+from cdcflow.cli.options import ConfigOption, HelpCommand, HelpGroup
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.logs import set_log_format, setup_logging
@@ -29,6 +29,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=HelpGroup,
 )
 #: Width of the results when stdout is not a terminal (a pipe, a file, a CI log): tables fit
 #: 100 columns. A line of text is printed with ``soft_wrap=True``: whole, whatever its length.
@@ -100,9 +101,7 @@ def _usage_message(exc: Exception) -> str:
 
 @app.callback()
 def _main(
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks on errors.", metavar="")
-    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
     log_format: Annotated[
         str,
         typer.Option(
@@ -143,7 +142,7 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
     return config
 
 
-@app.command()
+@app.command(cls=HelpCommand)
 def run(
     config: ConfigOption,
     trigger: Annotated[
@@ -197,28 +196,28 @@ def run(
 from cdcflow.cli.asof import as_of  # noqa: E402
 from cdcflow.cli.maintenance import gold, optimize  # noqa: E402
 
-app.command("as-of")(as_of)
-app.command()(gold)
-app.command()(optimize)
+app.command("as-of", cls=HelpCommand)(as_of)
+app.command(cls=HelpCommand)(gold)
+app.command(cls=HelpCommand)(optimize)
 
 from cdcflow.cli.demo import demo  # noqa: E402
 from cdcflow.cli.generate import generate  # noqa: E402
 from cdcflow.cli.reconcile import reconcile  # noqa: E402
 from cdcflow.cli.replay import replay  # noqa: E402
 
-app.command()(generate)
-app.command()(reconcile)
-app.command()(replay)
-app.command()(demo)
+app.command(cls=HelpCommand)(generate)
+app.command(cls=HelpCommand)(reconcile)
+app.command(cls=HelpCommand)(replay)
+app.command(cls=HelpCommand)(demo)
 
 from cdcflow.cli.validate import validate  # noqa: E402
 
-app.command()(validate)
+app.command(cls=HelpCommand)(validate)
 
 from cdcflow.cli.source_workload import source_workload  # noqa: E402
 from cdcflow.cli.sync import sync_app  # noqa: E402
 
-app.command("source-workload")(source_workload)
+app.command("source-workload", cls=HelpCommand)(source_workload)
 
 app.add_typer(sync_app)
 

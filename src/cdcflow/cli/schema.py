@@ -12,16 +12,17 @@ from typing import Annotated
 
 import typer
 
-from cdcflow.cli.options import ConfigOption
+from cdcflow.cli.options import ConfigOption, HelpCommand, HelpGroup
 
 schema_app = typer.Typer(
     name="schema",
     help="Contracts of declared tables: acknowledge an incompatible change.",
     no_args_is_help=True,
+    cls=HelpGroup,
 )
 
 
-@schema_app.command()
+@schema_app.command(cls=HelpCommand)
 def accept(
     config: ConfigOption,
     table: Annotated[str, typer.Option(help="The declared table whose change to accept.")],

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cdcflow.cli.options import ConfigOption
+from cdcflow.cli.options import ConfigOption, HelpCommand, HelpGroup
 from cdcflow.config import parse_duration
 from cdcflow.errors import ConfigError
 
@@ -23,6 +23,7 @@ sync_app = typer.Typer(
     name="sync",
     help="Synchronize lakehouse tables to external systems.",
     no_args_is_help=True,
+    cls=HelpGroup,
 )
 
 
@@ -61,7 +62,7 @@ def verify_snowflake(config_path: Path) -> int:
     return 0 if report.equal else 1
 
 
-@sync_app.command("snowflake")
+@sync_app.command("snowflake", cls=HelpCommand)
 def snowflake(
     config: ConfigOption,
     full: Annotated[bool, typer.Option("--full", help="Full refresh (bootstrap, repair).")] = False,
