@@ -4,10 +4,10 @@ The three contracts: the shipped customers contract declared as a table, ``accou
 integer key; decimal, date, timestamp, boolean and double columns) and ``order_lines`` (a
 composite key of a string and an integer). The same landing files — shuffled, re-delivered,
 late, invalid and unroutable records, cut into several micro-batches — run through the local
-and the Spark engine, in both delete modes: every table (Bronze, quarantine, Silver,
-tombstones, history, the unrouted quarantine and the per-table batch log) must be equal, and
-each Silver and history must equal the contract's reference fold and timeline. Then the engines
-take turns over one lakehouse.
+and the Spark engine — in soft mode the Spark engine alone, in hard mode the engines taking
+turns over one lakehouse (local, Spark, local): every table (Bronze, quarantine, Silver,
+tombstones, history, the unrouted quarantine and the per-table batch log) must equal the local
+engine's alone, and each Silver and history the contract's reference fold and timeline.
 """
 
 from __future__ import annotations
@@ -39,13 +39,15 @@ pytestmark = pytest.mark.spark
 CUSTOMERS_TABLE = CUSTOMERS.model_dump(mode="json", exclude_defaults=True)
 
 
-def three_tables(root: Path, mode: str, engine: str, **table: Any) -> CdcflowConfig:
+def three_tables(
+    root: Path, mode: str, engine: str, max_files: int = 2, **table: Any
+) -> CdcflowConfig:
     """A config declaring customers, accounts and order_lines in ``mode`` on ``engine``."""
     tables = [{**t, "delete_mode": mode, **table} for t in (CUSTOMERS_TABLE, *TABLES)]
     raw = {
         "pipeline": {"name": "shop", "engine": engine},
         "storage": {"root": str(root / "lake")},
-        "source": {"path": str(root / "landing"), "max_files_per_trigger": 2},
+        "source": {"path": str(root / "landing"), "max_files_per_trigger": max_files},
         "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "shop")},
         "tables": tables,
     }
@@ -121,48 +123,54 @@ def comparable_log(config: CdcflowConfig) -> list[str]:
     return sorted(json.dumps({**r, "silver_version": None}, sort_keys=True) for r in rows)
 
 
-@pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_spark_runs_every_contract_as_the_local_engine(
-    spark: Any, tmp_path: Path, mode: str
-) -> None:
-    files = workload(seed=7 if mode == "soft" else 11)
-    local = three_tables(tmp_path / "local", mode, "local")
-    write_files(local, files)
-    Pipeline(local).run(Trigger.parse("available-now"))
-    other = three_tables(tmp_path / "spark", mode, "spark")
-    write_files(other, files)
-    reports = Pipeline(other).run(Trigger.parse("available-now"))
-    assert [r.batch_id for r in reports] == [0, 1, 2]
-    everything = [line for lines in files for line in lines]
-    assert_silver_is_the_fold(other, everything, ("customers", "accounts", "order_lines"))
-    for name in written_tables(other):
+def run_alone(root: Path, mode: str, files: list[list[str]]) -> CdcflowConfig:
+    """The local engine alone over ``files`` (the comparison's other side)."""
+    config = three_tables(root, mode, "local")
+    write_files(config, files)
+    Pipeline(config).run(Trigger.parse("available-now"))
+    return config
+
+
+def assert_same_tables(config: CdcflowConfig, other: CdcflowConfig, lines: list[str]) -> None:
+    """Every table of ``config`` equals ``other``'s, and each Silver and history is the
+    reference fold and timeline of ``lines``."""
+    assert_silver_is_the_fold(config, lines, ("customers", "accounts", "order_lines"))
+    for name in written_tables(config):
         if name == "audit/table_batch_log":
-            assert comparable_log(other) == comparable_log(local)
+            assert comparable_log(config) == comparable_log(other)
         else:
-            assert comparable(other, name) == comparable(local, name), name
-    assert sum(r.records_received for r in reports) == len(everything)
-    customers = silver(other, contract_of(other, "customers"))
+            assert comparable(config, name) == comparable(other, name), name
+    customers = silver(config, contract_of(config, "customers"))
     assert customers, "the workload leaves some customers"
     assert all(row["is_active"] == (row["status"] == "ACTIVE") for row in customers.values())
 
 
-def test_engines_take_turns_over_declared_tables(spark: Any, tmp_path: Path) -> None:
-    """local → Spark → local over one lakehouse: the same tables as the local engine alone."""
-    files = workload(seed=3)
-    alone = three_tables(tmp_path / "alone", "hard", "local")
-    write_files(alone, files)
-    Pipeline(alone).run(Trigger.parse("available-now"))
+def test_spark_runs_every_contract_as_the_local_engine(spark: Any, tmp_path: Path) -> None:
+    """Soft mode: the Spark engine alone (two micro-batches) against the local engine alone."""
+    files = workload(seed=7)
+    local = run_alone(tmp_path / "local", "soft", files)
+    other = three_tables(tmp_path / "spark", "soft", "spark", max_files=3)
+    write_files(other, files)
+    reports = Pipeline(other).run(Trigger.parse("available-now"))
+    assert [(r.batch_id, r.files) for r in reports] == [(0, 3), (1, 2)]
+    everything = [line for lines in files for line in lines]
+    assert sum(r.records_received for r in reports) == len(everything)
+    assert sum(r.duplicates for r in reports) > 0 and sum(r.quarantined for r in reports) > 0
+    assert_same_tables(other, local, everything)
 
+
+def test_engines_take_turns_over_declared_tables(spark: Any, tmp_path: Path) -> None:
+    """Hard mode: local → Spark (two micro-batches, with the tombstones and history the local
+    engine left) → local over one lakehouse, against the local engine alone."""
+    files = workload(seed=11)
+    alone = run_alone(tmp_path / "alone", "hard", files)
     root = tmp_path / "turns"
-    for engine, part in (("local", files[:2]), ("spark", files[2:4]), ("local", files[4:])):
-        config = three_tables(root, "hard", engine)
+    for engine, part in (("local", files[:1]), ("spark", files[1:4]), ("local", files[4:])):
+        config = three_tables(root, "hard", engine, max_files=2)
         write_files(config, part)
-        Pipeline(config).run(Trigger.parse("available-now"))
-    for name in written_tables(config):
-        if name == "audit/table_batch_log":
-            assert comparable_log(config) == comparable_log(alone)
-        else:
-            assert comparable(config, name) == comparable(alone, name), name
+        reports = Pipeline(config).run(Trigger.parse("available-now"))
+        assert len(reports) == (2 if engine == "spark" else 1), engine
+    assert_same_tables(config, alone, [line for lines in files for line in lines])
 
 
 def test_spark_refuses_evolving_unknown_fields(tmp_path: Path) -> None:

@@ -81,7 +81,7 @@ class Pipeline:
         each micro-batch, routed by ``metadata.source_table``).
 
         Raises:
-            ConfigError: the engine cannot run this config (e.g. Spark with declared tables).
+            ConfigError: the engine cannot run this config (e.g. PostgreSQL with declared tables).
         """
         self.config = config
         self.checkpoint = Checkpoint(config.checkpoint.location)

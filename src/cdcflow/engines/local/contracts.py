@@ -31,8 +31,8 @@ micro-batch: ``batch_id``, ``table_name``, ``records_received``, ``accepted``, `
 ``duplicates``, ``inserts``, ``updates``, ``deletes``, ``silver_version``) — ``after_outcomes``
 — and ``audit/batch_log`` (one row per micro-batch, the totals) — ``after_audit``.
 
-Not yet for declared tables (the customers tables have them): Gold, the per-event
-``audit/event_outcomes``, and the Spark engine.
+Not yet for declared tables (the customers tables have them): Gold and the per-event
+``audit/event_outcomes``. The Spark counterpart is :mod:`cdcflow.engines.spark.contracts`.
 """
 
 from __future__ import annotations
