@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
-from cdcflow.errors import ConfigError
 from cdcflow.layers.schema_log import SchemaDriftError, recorded_contracts
 from cdcflow.model.contracts import TableContract
 from cdcflow.pipeline import Pipeline, Trigger
