@@ -208,44 +208,18 @@ class ContractTable:
 
     def _evolve_fields(self, objects: list[dict[str, Any]], batch_id: int) -> None:
         """``unknown_fields: evolve``: add the batch's unknown top-level fields as nullable
-        columns (:func:`cdcflow.layers.schema_log.infer_type`) before anything is written."""
-        contract = self.contract
-        known = {*ENVELOPE, *(c.field for c in contract.columns)}
-        known.add(contract.lsn_field.split(".")[0])
-        for dotted in (contract.operation_field, contract.event_id_field, contract.timestamp_field):
-            known.add(dotted.split(".")[0])
+        columns (:func:`evolution`) before anything is written."""
+        known = known_fields(self.contract)
         values: dict[str, list[Any]] = {}
         for obj in objects:
             for name, value in obj.items():
                 if name not in known:
                     values.setdefault(name, []).append(value)
-        reserved = reserved_names(contract)
-        added: list[ColumnSpec] = []
-        for name in sorted(values):
-            kind = infer_type(values[name])
-            if not _COLUMN_NAME.match(name) or name in reserved or name.startswith("_cdc_"):
-                log.warning(
-                    "event field not evolved into a column: not a usable column name",
-                    extra={"table": contract.name, "batch": batch_id},
-                )
-                continue
-            added.append(ColumnSpec(name=name, type=kind))
-        room = (31 if len(contract.attributes) <= 31 else 62) - len(contract.attributes)
-        if len(added) > room:  # present_mask's width is fixed when Bronze is created
-            log.warning(
-                "event fields not evolved into columns: the table has no room for more",
-                extra={"table": contract.name, "batch": batch_id, "fields": len(added) - room},
-            )
-            added = added[: max(room, 0)]
-        if not added or self.evolve is None:
+        evolved = evolution(self.contract, values, batch_id)
+        if evolved is None or self.evolve is None:
             return
-        evolved = with_columns(contract, added)
-        changes = [
-            Change(f"{EVOLVED} {c.name} ({c.type}) from an event field", True, added=c.name)
-            for c in added
-        ]
-        self.evolve([(evolved, changes)])
-        self._use(evolved)
+        self.evolve([evolved])
+        self._use(evolved[0])
 
     # ------------------------------------------------------------------ rows
     def _bronze_rows(
@@ -460,6 +434,61 @@ class ContractTable:
             offsets,
             timedelta(days=self.contract.tombstone_retention_days),
         )
+
+
+def known_fields(contract: TableContract) -> set[str]:
+    """The top-level record fields ``contract`` reads (the envelope's and its columns'); any
+    other field is unknown (``unknown_fields``)."""
+    known = {*ENVELOPE, *(c.field for c in contract.columns)}
+    known.add(contract.lsn_field.split(".")[0])
+    for dotted in (contract.operation_field, contract.event_id_field, contract.timestamp_field):
+        known.add(dotted.split(".")[0])
+    return known
+
+
+def evolution(
+    contract: TableContract, values: dict[str, list[Any]], batch_id: int
+) -> tuple[TableContract, list[Change]] | None:
+    """``unknown_fields: evolve``: the contract with a micro-batch's unknown fields as nullable
+    columns, and its changes (one per column), or None when no field becomes a column.
+
+    Args:
+        contract: the table's contract.
+        values: unknown top-level field → its parsed values in the batch (nulls included; any
+            values of the same JSON kinds give the same type).
+        batch_id: the micro-batch (logged).
+
+    Returns:
+        Each usable field (an identifier, not a system column's name) as a column of the type
+        :func:`cdcflow.layers.schema_log.infer_type` gives, in name order, as far as
+        ``present_mask`` has room (31 or 62 non-key columns); the others are logged and stay
+        in the raw payload only.
+    """
+    reserved = reserved_names(contract)
+    added: list[ColumnSpec] = []
+    for name in sorted(values):
+        kind = infer_type(values[name])
+        if not _COLUMN_NAME.match(name) or name in reserved or name.startswith("_cdc_"):
+            log.warning(
+                "event field not evolved into a column: not a usable column name",
+                extra={"table": contract.name, "batch": batch_id},
+            )
+            continue
+        added.append(ColumnSpec(name=name, type=kind))
+    room = (31 if len(contract.attributes) <= 31 else 62) - len(contract.attributes)
+    if len(added) > room:  # present_mask's width is fixed when Bronze is created
+        log.warning(
+            "event fields not evolved into columns: the table has no room for more",
+            extra={"table": contract.name, "batch": batch_id, "fields": len(added) - room},
+        )
+        added = added[: max(room, 0)]
+    if not added:
+        return None
+    changes = [
+        Change(f"{EVOLVED} {c.name} ({c.type}) from an event field", True, added=c.name)
+        for c in added
+    ]
+    return with_columns(contract, added), changes
 
 
 def in_table_order(spec: TableSpec, table: DeltaTable) -> TableSpec:

@@ -23,8 +23,10 @@ the local engine wrote. The streaming loop, batch ids and checkpoint are those o
 Every write carries the Delta app transaction ``cdcflow-<pipeline>`` with version = batch id and
 is skipped when the table already holds it. The schema stop and compatible evolution of the
 contracts happen before the stream starts (:func:`cdcflow.engines.local.contracts.open_tables`).
-Not in this engine: ``unknown_fields: evolve`` (refused in one line: it needs the batch's
-unknown fields on the driver before anything is written; the local engine applies it).
+``unknown_fields: evolve``: the routing step reports each record's unknown fields and the JSON
+kind of their values; one small job per such table collects them, and the new columns are
+applied (:func:`cdcflow.engines.local.contracts.evolution`, the local engine's rule) before
+the batch writes anything.
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ from cdcflow.engines.local.contracts import (
     UNKNOWN_TABLE,
     UNROUTED,
     TableReport,
+    evolution,
+    evolve_tables,
+    known_fields,
     open_tables,
 )
 from cdcflow.engines.spark.engine import SparkEngine, check_source, classify
-from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, contract_tables
+from cdcflow.layers.schema_log import infer_type
 from cdcflow.layers.tables import BATCH_LOG, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
@@ -89,8 +94,23 @@ ROUTED_SCHEMA = pa.schema(
         pa.field("failure_detail", pa.string()),
         pa.field("event_id", pa.string()),
         pa.field("source_table", pa.string()),
+        pa.field("unknown_kinds", pa.string()),
     ]
 )
+#: A value of each JSON kind :func:`route_files` reports for an unknown field: the type
+#: :func:`cdcflow.layers.schema_log.infer_type` gives depends only on the values' kinds.
+KIND_VALUES: dict[str, Any] = {
+    "null": None,
+    "json": [],
+    "boolean": True,
+    "integer": 1,
+    "double": 1.5,
+    "string": "",
+}
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else infer_type([value])
 
 
 def _spark_schema(schema: pa.Schema) -> StructType:
@@ -112,7 +132,9 @@ def _tx_id(record: dict[str, Any]) -> Any:
 
 
 def route_files(
-    batches: Iterator[pa.RecordBatch], names: tuple[str, ...]
+    batches: Iterator[pa.RecordBatch],
+    names: tuple[str, ...],
+    evolving: dict[str, frozenset[str]] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` function: landing files → routed lines (``ROUTED_SCHEMA``).
 
@@ -120,9 +142,12 @@ def route_files(
     batch takes). Lines are split as :func:`cdcflow.sources.files.read_records` does; a record
     is routed by ``metadata.source_table`` (:func:`cdcflow.plan.contract_rules.route_name`) to
     one of ``names``, else unrouted as ``MALFORMED_JSON`` or ``UNKNOWN_TABLE``, exactly as the
-    local engine decides.
+    local engine decides. For a record of a table of ``evolving`` (table → the fields its
+    contract knows: ``unknown_fields: evolve``), ``unknown_kinds`` is a JSON object of its
+    other top-level fields and the kind of each one's value (a key of :data:`KIND_VALUES`).
     """
     declared = set(names)
+    evolving = evolving or {}
     for batch in batches:
         rows = zip(
             batch.column("source_file").to_pylist(),
@@ -138,7 +163,7 @@ def route_files(
                 cols["file_mtime_ms"].append(mtime)
                 cols["file_name"].append(PurePosixPath(file).name)
                 cols["raw"].append((data or b"").decode("utf-8", "backslashreplace"))
-                table = reason = detail = event_id = source = None
+                table = reason = detail = event_id = source = kinds = None
                 if data is None:
                     reason, detail = "MALFORMED_JSON", error or "unreadable"
                 else:
@@ -149,6 +174,10 @@ def route_files(
                         source = route_name(parsed)
                         if source is not None and source in declared:
                             table = source
+                            known = evolving.get(table)
+                            if known is not None:
+                                unknown = {k: _kind(v) for k, v in parsed.items() if k not in known}
+                                kinds = json.dumps(unknown) if unknown else None
                         else:
                             raw_eid = parsed.get("event_id")
                             event_id = raw_eid.strip() if isinstance(raw_eid, str) else None
@@ -164,6 +193,7 @@ def route_files(
                 cols["failure_detail"].append(detail)
                 cols["event_id"].append(event_id)
                 cols["source_table"].append(source if table is None else None)
+                cols["unknown_kinds"].append(kinds)
             yield pa.RecordBatch.from_pydict(cols, schema=ROUTED_SCHEMA)
 
 
@@ -247,20 +277,12 @@ class SparkContractsEngine(SparkEngine):
         config: the pipeline's config; ``config.tables`` is not empty.
 
     Raises:
-        ConfigError: a source the Spark engine cannot read, or a contract with
-            ``unknown_fields: evolve``.
+        ConfigError: a source the Spark engine cannot read.
         SchemaDriftError: a contract changed incompatibly (nothing is written).
     """
 
     def __init__(self, config: CdcflowConfig) -> None:
         check_source(config)
-        evolving = [c.name for c in config.contracts() if c.unknown_fields == "evolve"]
-        if evolving:
-            raise ConfigError(
-                f"key 'tables': table {evolving[0]} has unknown_fields: evolve, which "
-                "pipeline.engine: spark does not apply yet (use the local engine, or "
-                "unknown_fields: ignore or quarantine)"
-            )
         self.store, self.contracts = open_tables(config)
         self._modes = ",".join(sorted({c.delete_mode for c in self.contracts}))
         self._start(config)
@@ -290,6 +312,11 @@ class SparkContractsEngine(SparkEngine):
             sources, batch_files = self._sources(meta, offsets)
             wanted, content = self._content(frame, sources, batch_files)
             names = tuple(c.name for c in self.contracts)
+            evolving = {
+                c.name: frozenset(known_fields(c))
+                for c in self.contracts
+                if c.unknown_fields == "evolve"
+            }
             routed = (
                 content.join(wanted.select("path", "source_file"), "path")
                 .select(
@@ -297,10 +324,15 @@ class SparkContractsEngine(SparkEngine):
                     F.unix_millis("modificationTime").alias("file_mtime_ms"),
                     "content",
                 )
-                .mapInArrow(partial(route_files, names=names), _spark_schema(ROUTED_SCHEMA))
+                .mapInArrow(
+                    partial(route_files, names=names, evolving=evolving),
+                    _spark_schema(ROUTED_SCHEMA),
+                )
                 .persist(StorageLevel.MEMORY_AND_DISK)
             )
             self._cached.append(routed)
+            if evolving:
+                self._evolve_fields(routed, batch_id)
         reports = [TableReport(batch_id, c.name) for c in self.contracts]
         with report.stage("tables"):
             for contract, table_report in zip(self.contracts, reports, strict=True):
@@ -345,6 +377,34 @@ class SparkContractsEngine(SparkEngine):
             extra={"batch": report.log_fields(), "tables": [vars(r) for r in reports]},
         )
         return report
+
+    def _evolve_fields(self, routed: DataFrame, batch_id: int) -> None:
+        """``unknown_fields: evolve``: add each such table's unknown fields of the batch as
+        nullable columns (:func:`cdcflow.engines.local.contracts.evolution`, as the local
+        engine) before anything of the batch is written; one small job per such table."""
+        from pyspark.sql import functions as F
+
+        for i, contract in enumerate(self.contracts):
+            if contract.unknown_fields != "evolve":
+                continue
+            kinds = (
+                routed.filter(
+                    (F.col("table_name") == contract.name) & F.col("unknown_kinds").isNotNull()
+                )
+                .select(F.explode(F.from_json("unknown_kinds", "map<string,string>")))
+                .distinct()
+                .collect()
+            )
+            values: dict[str, list[Any]] = {}
+            for row in kinds:
+                values.setdefault(row["key"], []).append(KIND_VALUES[row["value"]])
+            evolved = evolution(contract, values, batch_id)
+            if evolved is None:
+                continue
+            evolve_tables(self.store, [evolved])
+            self.contracts[i] = evolved[0]
+            for spec in vars(contract_tables(contract)).values():
+                self._schemas.pop(spec.name, None)  # its Delta schema changed
 
     def _append_rows(self, rows: list[dict[str, Any]], spec: TableSpec, batch_id: int) -> None:
         """Append driver-side rows (audit tables) under the app transaction."""
