@@ -424,3 +424,48 @@ def test_declared_tables_sync_to_their_tables_with_mapped_types(
         conn.cursor().execute("UPDATE ACCOUNTS_CURRENT SET OWNER = 'Zed' WHERE ACCOUNT_ID = 1")
     drift = reconcile_target(config, targets[0])
     assert not drift.equal and drift.mismatched_columns == {"owner": 1}
+
+
+def test_declared_tables_sync_inline_after_each_batch(
+    tmp_path: Path, emulator: dict[str, Any]
+) -> None:
+    """``snowflake.mode: inline`` with declared tables: after each micro-batch every table's
+    Snowflake table equals its Silver; the lag of each sync is logged, the largest in
+    ``audit/batch_log``."""
+    from cdcflow.pipeline import Pipeline, Trigger
+    from cdcflow.sinks.snowflake.reconcile import reconcile_target
+    from cdcflow.sinks.snowflake.tables import contract_target
+    from tests.test_tables_pipeline import rec, rows, write_config, write_files
+
+    config = write_config(tmp_path, mode="hard")
+    config.snowflake = SnowflakeSection(
+        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:", mode="inline"
+    )
+    targets = [contract_target(c) for c in config.contracts()]
+    batches = [
+        [
+            rec("accounts", "A1", "INSERT", 10, account_id=1, owner="Ann", balance="1.50"),
+            rec("order_lines", "L1", "INSERT", 11, order_id="O", line_no=1, quantity=2),
+        ],
+        [
+            rec("accounts", "A2", "UPDATE", 20, account_id=1, balance="2.25"),
+            rec("order_lines", "L2", "DELETE", 21, order_id="O", line_no=1),
+        ],
+    ]
+    for batch in batches:
+        write_files(config, [[json.dumps(r) for r in batch]])
+        assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 1
+        assert all(reconcile_target(config, t).equal for t in targets)
+    log = sorted(
+        rows(config, "audit/snowflake_sync"), key=lambda r: (r["batch_id"], r["target_table"])
+    )
+    assert [(r["batch_id"], r["target_table"], r["kind"]) for r in log] == [
+        (0, "ACCOUNTS_CURRENT", "full"),
+        (0, "ORDER_LINES_CURRENT", "full"),
+        (1, "ACCOUNTS_CURRENT", "incremental"),
+        (1, "ORDER_LINES_CURRENT", "incremental"),
+    ]
+    batch_log = sorted(rows(config, "audit/batch_log"), key=lambda r: r["batch_id"])
+    for batch_id, logged in enumerate(batch_log):
+        lags = [r["lag_s"] for r in log if r["batch_id"] == batch_id]
+        assert logged["snowflake_sync_lag_s"] == max(lags)

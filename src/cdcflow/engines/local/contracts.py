@@ -26,7 +26,8 @@ followed by its crash point (:mod:`cdcflow.state.faults`):
 4. SCD2 history MERGE of the touched keys (their timelines recomputed from Bronze, the same
    rendering as customers', :mod:`cdcflow.engines.local.history`) — ``after_history``
 
-then ``quarantine/unrouted_events``, ``audit/table_batch_log`` (one row per table per
+then (``snowflake.mode: inline``) each table's Silver to its Snowflake table, then
+``quarantine/unrouted_events``, ``audit/table_batch_log`` (one row per table per
 micro-batch: ``batch_id``, ``table_name``, ``records_received``, ``accepted``, ``quarantined``,
 ``duplicates``, ``inserts``, ``updates``, ``deletes``, ``silver_version``) — ``after_outcomes``
 — and ``audit/batch_log`` (one row per micro-batch, the totals) — ``after_audit``.
@@ -721,6 +722,10 @@ class LocalContractsEngine:
         with report.stage("tables"):
             for table, table_report in zip(self.tables.values(), reports, strict=True):
                 table.run(offsets, routed[table.contract.name], table_report)
+        if self.config.snowflake.mode == "inline":  # each table's Silver -> Snowflake
+            from cdcflow.sinks.snowflake.inline import inline_sync
+
+            inline_sync(self.config, report)
         with report.stage("audit"):
             append_once(
                 self.store.table(UNROUTED),

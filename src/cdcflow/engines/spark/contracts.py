@@ -17,7 +17,8 @@ the local engine wrote. The streaming loop, batch ids and checkpoint are those o
    — ``after_silver_merge``, hard mode: tombstone MERGE and purge — ``after_silver``, the SCD2
    history MERGE of the touched keys (:mod:`cdcflow.engines.spark.history`) —
    ``after_history``;
-3. ``quarantine/unrouted_events``, ``audit/table_batch_log`` — ``after_outcomes`` — and
+3. (``snowflake.mode: inline``) each table's Silver to its Snowflake table;
+   ``quarantine/unrouted_events``, ``audit/table_batch_log`` — ``after_outcomes`` — and
    ``audit/batch_log`` — ``after_audit``.
 
 Every write carries the Delta app transaction ``cdcflow-<pipeline>`` with version = batch id and
@@ -337,6 +338,10 @@ class SparkContractsEngine(SparkEngine):
         with report.stage("tables"):
             for contract, table_report in zip(self.contracts, reports, strict=True):
                 self._run_table(contract, routed, offsets, table_report)
+        if self.config.snowflake.mode == "inline":  # each table's Silver -> Snowflake
+            from cdcflow.sinks.snowflake.inline import inline_sync
+
+            inline_sync(self.config, report)
         with report.stage("audit"):
             pt = F.lit(offsets.processing_time).cast("timestamp")
             unrouted = routed.filter(F.col("table_name").isNull()).select(

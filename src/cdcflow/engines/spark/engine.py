@@ -514,11 +514,9 @@ class SparkEngine:
 
             after_batch(self.config, self.app_id, batch_id)
         if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
-            from cdcflow.sinks.snowflake.inline import sync_after_batch
+            from cdcflow.sinks.snowflake.inline import inline_sync
 
-            synced = sync_after_batch(self.config, report)
-            if synced is not None:
-                report.snowflake_sync_lag_s = synced.dim.lag_s
+            inline_sync(self.config, report)
 
         with stage("audit"):
             threshold = self.config.processing.late_event_threshold.total_seconds()

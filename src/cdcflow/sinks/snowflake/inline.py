@@ -70,6 +70,29 @@ def record_sync(config: CdcflowConfig, report: SyncReport, batch_id: int | None)
     )
 
 
+def inline_sync(config: CdcflowConfig, report: BatchReport) -> None:
+    """``snowflake.mode: inline``: synchronize after the micro-batch's Silver commits (every
+    engine calls this before its audit commit) and put the sync lag in the batch's report.
+
+    Args:
+        config: the pipeline configuration; nothing happens unless ``snowflake.mode`` is
+            ``inline``.
+        report: the micro-batch's report; ``snowflake_sync_lag_s`` is set to the lag of
+            ``DIM_CUSTOMER_CURRENT`` (customers) or the largest lag of the declared tables'
+            Snowflake tables (seconds; None when the sync failed or had no lag to measure).
+    """
+    if config.snowflake.mode != "inline":
+        return
+    synced = sync_after_batch(config, report)
+    if synced is None:
+        return
+    if config.tables:
+        lags = [t.lag_s for t in synced.tables if t.lag_s is not None]
+        report.snowflake_sync_lag_s = max(lags) if lags else None
+    else:
+        report.snowflake_sync_lag_s = synced.dim.lag_s
+
+
 def sync_after_batch(config: CdcflowConfig, report: BatchReport) -> SyncReport | None:
     """Synchronize Snowflake after a committed micro-batch and record the sync lag.
 
