@@ -1,7 +1,8 @@
 """Declared tables through the pipeline: ``tables:`` → every contract in one micro-batch loop.
 
-Two test contracts besides customers: ``accounts`` (an integer key; decimal, date, timestamp,
-boolean and double columns) and ``order_lines`` (a composite key: a string and an integer).
+Two test contracts besides customers (declared as a table in the property): ``accounts`` (an
+integer key; decimal, date, timestamp, boolean and double columns) and ``order_lines`` (a
+composite key: a string and an integer).
 Records are routed by ``metadata.source_table``; one table's bad records never block another.
 The property: whatever the arrival order, re-deliveries and file (micro-batch) boundaries,
 each table's Silver equals the contract's reference fold (:func:`cdcflow.plan.reference.
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.layers.schema_log import SchemaDriftError, recorded_contracts
-from cdcflow.model.contracts import TableContract
+from cdcflow.model.contracts import CUSTOMERS, TableContract
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.history import contract_timeline
@@ -66,9 +67,13 @@ TABLES = [
 ]
 
 
-def write_config(root: Path, mode: str = "soft", **pipeline: Any) -> CdcflowConfig:
-    """A config declaring both test tables in ``mode``, its landing folder under ``root``."""
-    tables = [{**table, "delete_mode": mode} for table in TABLES]
+def write_config(
+    root: Path, mode: str = "soft", customers: bool = False, **pipeline: Any
+) -> CdcflowConfig:
+    """A config declaring both test tables in ``mode`` (and first, with ``customers``, the
+    shipped customers contract as a declared table), its landing folder under ``root``."""
+    declared = [CUSTOMERS.model_dump(mode="json", exclude_defaults=True)] if customers else []
+    tables = [{**table, "delete_mode": mode} for table in (*declared, *TABLES)]
     raw = {
         "pipeline": {"name": "shop", **pipeline},
         "storage": {"root": str(root / "lake")},
@@ -391,28 +396,35 @@ _VALUES: dict[str, list[Any]] = {
     "sku": ["ABC-1", "XYZ-22", None, "abc"],  # "abc": breaks the pattern
     "quantity": [1, "002", None, 0],  # 0: below the minimum
     "attributes": [{"k": [1, 2]}, [], None, "x"],
+    "status": ["active", " INACTIVE ", "bogus", None],  # bogus: INVALID_STATUS
+    "city": ["Lyon", None, 12.5],  # a number keeps its JSON text
+    "email": ["a@x.com", ""],
 }
 
 
 @st.composite
 def stream(draw: st.DrawFn) -> tuple[list[str], list[int]]:
-    """Records of both tables (some invalid, some for no table), duplicated and cut in files."""
+    """Records of the three tables (some invalid, some for no table), duplicated and cut in
+    files."""
     lines: list[str] = []
     for i in range(draw(st.integers(1, 24))):
-        table = draw(st.sampled_from(["accounts", "order_lines", "order_lines", "nowhere"]))
+        table = draw(
+            st.sampled_from(["customers", "accounts", "order_lines", "order_lines", "nowhere"])
+        )
         op = draw(st.sampled_from(["INSERT", "UPDATE", "UPDATE", "DELETE"]))
         lsn = draw(st.integers(100, 110))
         record = rec(table, f"E{i}", op, lsn, minutes_ago=draw(st.integers(1, 3)))
-        if table == "accounts":
+        if table == "customers":
+            record["customer_id"] = draw(st.sampled_from(["C-1", "C-2", "c-3"]))
+        elif table == "accounts":
             record["account_id"] = draw(st.sampled_from([1, 2, "3", "x"]))
         else:
             record["order_id"] = draw(st.sampled_from(["O-1", "O-2"]))
             record["line_no"] = draw(st.sampled_from([1, 2]))
-        names = (
-            ["owner", "balance", "opened_on", "closed_at", "vip", "rate"]
-            if table == "accounts"
-            else ["sku", "quantity", "attributes"]
-        )
+        names = {
+            "customers": ["status", "city", "email"],
+            "accounts": ["owner", "balance", "opened_on", "closed_at", "vip", "rate"],
+        }.get(table, ["sku", "quantity", "attributes"])
         for name in names:
             if draw(st.booleans()):
                 record[name] = draw(st.sampled_from(_VALUES[name]))
@@ -433,16 +445,18 @@ def test_declared_tables_match_the_reference_fold(
     tmp_path_factory: pytest.TempPathFactory, mode: str, data: tuple[list[str], list[int]]
 ) -> None:
     lines, cuts = data
-    config = write_config(tmp_path_factory.mktemp("tables"), mode=mode)
+    config = write_config(tmp_path_factory.mktemp("tables"), mode=mode, customers=True)
     bounds = [0, *cuts, len(lines)]
     write_files(config, [lines[a:b] for a, b in itertools.pairwise(bounds) if b > a])
     Pipeline(config).run(Trigger.parse("available-now"))
-    assert_silver_is_the_fold(config, lines)
+    assert_silver_is_the_fold(config, lines, ("customers", "accounts", "order_lines"))
     # every input line exactly once in a Bronze table or a quarantine table
     seen = []
     for name in (
+        "bronze/customer_events",
         "bronze/accounts_events",
         "bronze/order_lines_events",
+        "quarantine/customer_events",
         "quarantine/accounts_events",
         "quarantine/order_lines_events",
         "quarantine/unrouted_events",
