@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import contract_tables
-from cdcflow.layers.tables import BRONZE, HISTORY, QUARANTINE, SILVER, TOMBSTONES
+from cdcflow.layers.tables import BRONZE, EVENT_OUTCOMES, HISTORY, QUARANTINE, SILVER, TOMBSTONES
 from cdcflow.model.contracts import (
     CUSTOMERS,
     ColumnSpec,
@@ -356,6 +356,7 @@ def test_customers_contract_tables_are_todays_tables() -> None:
         (generated.silver, SILVER),
         (generated.tombstones, TOMBSTONES),
         (generated.history, HISTORY),
+        (generated.outcomes, EVENT_OUTCOMES),
     ):
         assert spec == today
 

@@ -113,7 +113,7 @@ def written_tables(config: CdcflowConfig) -> list[str]:
     names = ["quarantine/unrouted_events", "audit/table_batch_log"]
     for contract in config.contracts():
         t = contract.table_names
-        names += [t.bronze, t.quarantine, t.silver, t.history]
+        names += [t.bronze, t.quarantine, t.silver, t.history, contract.outcomes_table]
         if contract.delete_mode == "hard":
             names.append(t.tombstones)
     return names

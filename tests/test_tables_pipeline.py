@@ -300,6 +300,28 @@ def test_two_tables_typed_and_composite_keys(tmp_path: Path) -> None:
         (10, 4, 6),
         (5, 5, 0),
     ]
+    # what became of each accepted delivery, per table (the customers engine's outcomes)
+    outcomes = {
+        (r["batch_id"], r["event_id"], r["outcome"])
+        for name in ("audit/accounts_event_outcomes", "audit/order_lines_event_outcomes")
+        for r in rows(config, name)
+    }
+    assert outcomes == {
+        (0, "A1", "SUPERSEDED_IN_BATCH"),
+        (0, "A2", "APPLIED"),
+        (0, "L1", "APPLIED"),
+        (0, "L2", "APPLIED"),
+        (1, "A6", "STALE"),
+        (1, "A1", "DUPLICATE"),
+        (1, "L4", "SUPERSEDED_IN_BATCH"),
+        (1, "L5", "APPLIED"),
+        (1, "L6", "SUPERSEDED_IN_BATCH"),
+    }
+    line_keys = {
+        (r["order_id"], r["line_no"]) for r in rows(config, "audit/order_lines_event_outcomes")
+    }
+    assert line_keys == {("O-1", 1), ("O-1", 2)}  # typed key columns
+    assert [(r["stale_ignored"], r["tombstoned"]) for r in batch_log] == [(0, 0), (1, 0)]
     # a further run reads nothing new and writes nothing
     versions = {n: DeltaTable(config.table_uri(n)).version() for n in ("silver/accounts",)}
     assert Pipeline(config).run(Trigger.parse("available-now")) == []
@@ -309,7 +331,7 @@ def test_two_tables_typed_and_composite_keys(tmp_path: Path) -> None:
 def comparable(config: CdcflowConfig, name: str) -> list[str]:
     """The rows of table ``name`` as sorted JSON texts, without the processing-time columns
     (each run reads its own clock) and with landing paths reduced to the file name."""
-    clock = {"ingested_at", "quarantined_at", "tombstoned_at", "ingestion_date"}
+    clock = {"ingested_at", "quarantined_at", "tombstoned_at", "ingestion_date", "lag_s"}
     out = []
     for row in rows(config, name):
         kept = {k: v for k, v in row.items() if k not in clock}
@@ -363,6 +385,8 @@ def test_a_killed_run_recovers_to_the_uninterrupted_result(tmp_path: Path) -> No
         "silver/order_lines_history",
         "quarantine/order_lines_events",
         "audit/table_batch_log",
+        "audit/accounts_event_outcomes",
+        "audit/order_lines_event_outcomes",
     ):
         assert comparable(config, name) == comparable(reference, name), name
     for name in ("bronze/accounts_events", "silver/accounts", "audit/batch_log"):

@@ -15,6 +15,9 @@ timestamp(us, UTC), json → string (canonical JSON text).
 * Silver: one row per key; the contract's columns, ``is_deleted``, ``is_active`` (only with
   ``derived_active``), timestamps, ``last_*``, and the ``_cdc_`` sequence registers.
 * Tombstones (hard mode) and history (SCD2) as for customers.
+* Outcomes: one row per accepted delivery: what became of it (``APPLIED``, ``DUPLICATE``,
+  ``SUPERSEDED_IN_BATCH``, ``TOMBSTONED``, ``STALE``), its lag and whether it was late; the
+  key columns typed.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class ContractTables:
     silver: TableSpec
     tombstones: TableSpec
     history: TableSpec
+    outcomes: TableSpec
 
 
 def mask_type(contract: TableContract) -> pa.DataType:
@@ -154,12 +158,28 @@ def contract_tables(contract: TableContract) -> ContractTables:
             pa.field("is_current", pa.bool_(), nullable=False),
         ]
     )
+    outcomes = pa.schema(
+        [
+            pa.field("batch_id", pa.int64(), nullable=False),
+            pa.field("event_id", pa.string(), nullable=False),
+            *keys,
+            pa.field("operation", pa.string(), nullable=False),
+            pa.field("lsn", pa.string(), nullable=False),
+            pa.field("sequence", pa.string(), nullable=False),
+            pa.field("outcome", pa.string(), nullable=False),
+            pa.field("is_late", pa.bool_(), nullable=False),
+            pa.field("lag_s", pa.float64(), nullable=False),
+            pa.field("source_file", pa.string(), nullable=False),
+            pa.field("source_line", pa.int64(), nullable=False),
+        ]
+    )
     return ContractTables(
         bronze=TableSpec(names.bronze, bronze, partition_by=("ingestion_date",), configuration=CDF),
         quarantine=TableSpec(names.quarantine, quarantine),
         silver=TableSpec(names.silver, silver, configuration=CDF),
         tombstones=TableSpec(names.tombstones, tombstones),
         history=TableSpec(names.history, history, configuration=CDF),
+        outcomes=TableSpec(contract.outcomes_table, outcomes),
     )
 
 

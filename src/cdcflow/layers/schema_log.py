@@ -312,6 +312,7 @@ def retire(root: Path, contract: TableContract, old: TableContract, now: datetim
             tables.silver,
             tables.tombstones,
             tables.history,
+            tables.outcomes or f"audit/{old.name}_event_outcomes",
         ):
             source = root / path
             if source.exists():

@@ -261,7 +261,11 @@ class ColumnSpec(_Strict):
 
 
 class TableNames(_Strict):
-    """Delta table paths (under ``storage.root``) and the Snowflake table of one contract."""
+    """Delta table paths (under ``storage.root``) and the Snowflake table of one contract.
+
+    ``outcomes`` (the per-event outcomes) may be left out: ``audit/<name>_event_outcomes``
+    (:meth:`TableContract.outcomes_table`).
+    """
 
     bronze: str
     quarantine: str
@@ -269,6 +273,7 @@ class TableNames(_Strict):
     history: str
     tombstones: str
     snowflake: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_$]*$")
+    outcomes: str = ""
 
 
 class TableContract(_Strict):
@@ -362,6 +367,12 @@ class TableContract(_Strict):
             snowflake=f"{self.name.upper()}_CURRENT",
         )
 
+    @property
+    def outcomes_table(self) -> str:
+        """The Delta path of the table's per-event outcomes (default
+        ``audit/<name>_event_outcomes``; customers: ``audit/event_outcomes``)."""
+        return self.table_names.outcomes or f"audit/{self.name}_event_outcomes"
+
 
 #: The shipped contract of the brief's customers table: the default when a config declares no
 #: ``tables:`` (same table paths, columns, reason codes as before contracts existed).
@@ -392,6 +403,7 @@ CUSTOMERS = TableContract(
         history="silver/customer_history",
         tombstones="silver/customer_tombstones",
         snowflake="DIM_CUSTOMER_CURRENT",
+        outcomes="audit/event_outcomes",
     ),
     derived_active=("status", "ACTIVE"),
     soft_delete_values={"status": "DELETED"},

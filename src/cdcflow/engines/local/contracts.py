@@ -25,6 +25,8 @@ followed by its crash point (:mod:`cdcflow.state.faults`):
    ``after_silver_merge``; hard mode: the tombstone MERGE and purge — ``after_silver``
 4. SCD2 history MERGE of the touched keys (their timelines recomputed from Bronze, the same
    rendering as customers', :mod:`cdcflow.engines.local.history`) — ``after_history``
+5. the outcome of each accepted delivery (``audit/<name>_event_outcomes``, the rules of
+   :func:`cdcflow.engines.local.merges.event_outcomes`) — ``after_outcomes``
 
 then (``snowflake.mode: inline``) each table's Silver to its Snowflake table, then
 ``quarantine/unrouted_events``, ``audit/table_batch_log`` (one row per table per
@@ -32,8 +34,8 @@ micro-batch: ``batch_id``, ``table_name``, ``records_received``, ``accepted``, `
 ``duplicates``, ``inserts``, ``updates``, ``deletes``, ``silver_version``) — ``after_outcomes``
 — and ``audit/batch_log`` (one row per micro-batch, the totals) — ``after_audit``.
 
-Not yet for declared tables (the customers tables have them): Gold and the per-event
-``audit/event_outcomes``. The Spark counterpart is :mod:`cdcflow.engines.spark.contracts`.
+Not yet for declared tables (the customers tables have them): Gold. The Spark counterpart is
+:mod:`cdcflow.engines.spark.contracts`.
 """
 
 from __future__ import annotations
@@ -62,7 +64,12 @@ from cdcflow.engines.local.delta import (
 )
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
 from cdcflow.engines.local.history import merge_history
-from cdcflow.engines.local.merges import merge_silver, merge_tombstones
+from cdcflow.engines.local.merges import (
+    count_outcomes,
+    event_outcomes,
+    merge_silver,
+    merge_tombstones,
+)
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import ContractTables, arrow_type, contract_tables
 from cdcflow.layers.schema_log import (
@@ -300,13 +307,17 @@ class ContractTable:
         return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
 
     # ------------------------------------------------------------------ batch
-    def run(self, offsets: BatchOffsets, routed: _Routed, report: TableReport) -> None:
+    def run(
+        self, offsets: BatchOffsets, routed: _Routed, report: TableReport, totals: BatchReport
+    ) -> None:
         """Validate, de-duplicate and write this table's records of the micro-batch.
 
         Args:
             offsets: the micro-batch (id, processing time).
             routed: the records routed to this table, in arrival order.
             report: filled with this table's counts and Silver version.
+            totals: the batch's report: this table's outcomes are counted into it (stale,
+                tombstoned, late, largest lag).
         """
         batch_id = offsets.batch_id
         if self.contract.unknown_fields == "evolve":
@@ -345,12 +356,18 @@ class ContractTable:
         append_once(self.store.table(spec), quarantine, self.app_id, batch_id, spec)
         crash_point("after_quarantine", batch_id)
 
+        targets = self._empty(self.tables.silver, [*self.keys, "_cdc_seq", "_cdc_min_seq"])
+        tombstones = self._empty(self.tables.tombstones, [*self.keys, "_cdc_seq"])
         if firsts:  # the fold input: this batch's first copies, as Bronze holds them
             events = pl.from_arrow(
                 bronze.filter(pc.invert(bronze["is_duplicate"])).select(self.fold_columns)
             )
             assert isinstance(events, pl.DataFrame)
-            self._merge_silver(events, batch_id)
+            keys = events.select(self.keys).unique()
+            targets = self._read_keys(self.tables.silver, keys, targets.columns, None)
+            if self.contract.delete_mode == "hard":
+                tombstones = self._read_keys(self.tables.tombstones, keys, tombstones.columns, None)
+            self._merge_silver(events, batch_id, targets, tombstones)
             crash_point("after_silver_merge", batch_id)
             if self.contract.delete_mode == "hard":
                 self._merge_tombstones(events, offsets)
@@ -358,6 +375,55 @@ class ContractTable:
             self._merge_history(events, batch_id)
             crash_point("after_history", batch_id)
         report.silver_version = self.store.table(self.tables.silver).version()
+        self._write_outcomes(offsets, bronze, targets, tombstones, totals)
+        crash_point("after_outcomes", batch_id)
+
+    def _empty(self, spec: TableSpec, names: list[str]) -> pl.DataFrame:
+        frame = pl.from_arrow(spec.schema.empty_table().select(names))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def _write_outcomes(
+        self,
+        offsets: BatchOffsets,
+        bronze: pa.Table,
+        targets: pl.DataFrame,
+        tombstones: pl.DataFrame,
+        totals: BatchReport,
+    ) -> None:
+        """The outcome of each accepted delivery (:func:`cdcflow.engines.local.merges.
+        event_outcomes`) appended to the table's outcomes table; counted into ``totals``."""
+        spec = self.tables.outcomes
+        frame = pl.from_arrow(
+            bronze.select(
+                [
+                    "event_id",
+                    *self.keys,
+                    "operation",
+                    "lsn",
+                    "sequence",
+                    "is_duplicate",
+                    "event_timestamp",
+                    "source_file",
+                    "source_line",
+                ]
+            )
+        )
+        assert isinstance(frame, pl.DataFrame)
+        now = offsets.processing_time
+        frame = frame.with_columns(
+            pl.lit(offsets.batch_id, pl.Int64).alias("batch_id"),
+            ((pl.lit(now) - pl.col("event_timestamp")).dt.total_microseconds() / 1e6).alias(
+                "lag_s"
+            ),
+        )
+        late_after = self.config.processing.late_event_threshold.total_seconds()
+        outcomes = event_outcomes(
+            frame, self.keys, targets.rename({"_cdc_seq": "_t_seq"}), tombstones, late_after
+        )
+        count_outcomes(outcomes, totals)
+        table = outcomes.select(spec.schema.names).to_arrow().cast(spec.schema)
+        append_once(self.store.table(spec), table, self.app_id, offsets.batch_id, spec)
 
     def _merge_history(self, events: pl.DataFrame, batch_id: int) -> None:
         """The SCD2 history of the keys the batch touched, recomputed from Bronze (one MERGE;
@@ -375,20 +441,20 @@ class ContractTable:
             lambda names: self._read_keys(self.tables.history, keys, names, None),
         )
 
-    def _merge_silver(self, events: pl.DataFrame, batch_id: int) -> None:
+    def _merge_silver(
+        self, events: pl.DataFrame, batch_id: int, targets: pl.DataFrame, prior: pl.DataFrame
+    ) -> None:
+        """The sequence-guarded Silver MERGE of the batch's first copies (``targets``: the
+        touched keys' Silver ``_cdc_seq`` / ``_cdc_min_seq``; ``prior``: their stored
+        tombstones, hard mode)."""
         silver = self.store.table(self.tables.silver)
         if txn_done(silver, self.app_id, batch_id):
             return
         mode = self.contract.delete_mode
-        keys = events.select(self.keys).unique()
-        if mode == "soft":  # no tombstones to read in soft mode
+        if mode == "soft":  # no tombstones in soft mode
             source = fold_events(events, mode, None, self.contract)
         else:
-            prior = self._read_keys(self.tables.tombstones, keys, [*self.keys, "_cdc_seq"], None)
             source = fold_events(events, mode, prior, self.contract)
-            targets = self._read_keys(
-                self.tables.silver, keys, [*self.keys, "_cdc_seq", "_cdc_min_seq"], None
-            )
             # a DELETE slotted between a row's first and last events: the row's created_at (and
             # which events survive) needs the key's whole history, so fold it from Bronze
             tombs = batch_tombstones(events, contract=self.contract).select(
@@ -721,7 +787,7 @@ class LocalContractsEngine:
         reports = [TableReport(batch_id, name) for name in self.tables]
         with report.stage("tables"):
             for table, table_report in zip(self.tables.values(), reports, strict=True):
-                table.run(offsets, routed[table.contract.name], table_report)
+                table.run(offsets, routed[table.contract.name], table_report, report)
         if self.config.snowflake.mode == "inline":  # each table's Silver -> Snowflake
             from cdcflow.sinks.snowflake.inline import inline_sync
 

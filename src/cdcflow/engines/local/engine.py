@@ -34,7 +34,12 @@ from cdcflow.engines.local.delta import (
     txn_done,
 )
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
-from cdcflow.engines.local.merges import merge_silver, merge_tombstones
+from cdcflow.engines.local.merges import (
+    count_outcomes,
+    event_outcomes,
+    merge_silver,
+    merge_tombstones,
+)
 from cdcflow.layers.gold import GOLD_TABLES
 from cdcflow.layers.tables import (
     ALL_TABLES,
@@ -274,37 +279,8 @@ class LocalEngine:
                 "source_line": pl.Int64,
             },
         )
-        batch_max = (
-            frame.filter(~pl.col("is_duplicate"))
-            .group_by("customer_id")
-            .agg(pl.col("sequence").max().alias("_b_max"))
-        )
-        prior = prior_tombs.select("customer_id", pl.col("_cdc_seq").alias("_t_tomb"))
-        frame = (
-            frame.join(batch_max, on="customer_id", how="left")
-            .join(targets.select("customer_id", "_t_seq"), on="customer_id", how="left")
-            .join(prior, on="customer_id", how="left")
-        )
-        outcome = (
-            pl.when(pl.col("is_duplicate"))
-            .then(pl.lit("DUPLICATE"))
-            .when(pl.col("sequence") < pl.col("_b_max"))
-            .then(pl.lit("SUPERSEDED_IN_BATCH"))
-            .when(pl.col("sequence") < pl.col("_t_tomb").fill_null(""))
-            .then(pl.lit("TOMBSTONED"))
-            .when(pl.col("sequence") < pl.col("_t_seq").fill_null(""))
-            .then(pl.lit("STALE"))
-            .otherwise(pl.lit("APPLIED"))
-        )
-        frame = frame.with_columns(
-            outcome.alias("outcome"), (pl.col("lag_s") > threshold).alias("is_late")
-        )
-        counts = frame.group_by("outcome").len()
-        by_outcome = dict(zip(counts["outcome"].to_list(), counts["len"].to_list(), strict=True))
-        report.stale_ignored = by_outcome.get("STALE", 0)
-        report.tombstoned = by_outcome.get("TOMBSTONED", 0)
-        report.late_events = int(frame["is_late"].sum())
-        report.max_event_lag_s = frame["lag_s"].max() if frame.height else None  # type: ignore[assignment]
+        frame = event_outcomes(frame, ["customer_id"], targets, prior_tombs, threshold)
+        count_outcomes(frame, report)
         return frame.select(EVENT_OUTCOMES.schema.names).to_arrow().cast(EVENT_OUTCOMES.schema)
 
     # ------------------------------------------------------------------ batch

@@ -22,6 +22,7 @@ from cdcflow.engines.local.delta import (
 )
 from cdcflow.layers.tables import TableSpec
 from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, MergeSpec
+from cdcflow.report import BatchReport
 from cdcflow.state.checkpoint import BatchOffsets
 
 
@@ -108,4 +109,73 @@ def merge_tombstones(
         )
 
 
-__all__ = ["merge_silver", "merge_tombstones"]
+def event_outcomes(
+    deliveries: pl.DataFrame,
+    keys: list[str],
+    targets: pl.DataFrame,
+    tombstones: pl.DataFrame,
+    late_after_s: float,
+) -> pl.DataFrame:
+    """What became of each accepted delivery of a micro-batch (``audit/event_outcomes``).
+
+    The first rule that holds: ``DUPLICATE`` (a re-delivery), ``SUPERSEDED_IN_BATCH`` (a
+    higher sequence of the key in the same batch), ``TOMBSTONED`` (below the key's stored
+    hard-mode tombstone), ``STALE`` (below the sequence Silver holds), else ``APPLIED``. The
+    batch's own Silver and tombstone commits do not change the answer (they only raise the
+    stored sequences to the batch's maximum, which the earlier rules already cover), so a
+    re-run after a crash gives the same outcomes.
+
+    Args:
+        deliveries: one row per accepted delivery: the key columns, ``sequence``,
+            ``is_duplicate``, ``lag_s`` (seconds from the event time to the batch's processing
+            time), anything else is kept.
+        keys: the key columns.
+        targets: the key columns and ``_t_seq`` (Silver's ``_cdc_seq``) of the touched keys.
+        tombstones: the key columns and ``_cdc_seq`` of the touched keys' stored tombstones.
+        late_after_s: ``processing.late_event_threshold`` in seconds (``is_late``: above it).
+
+    Returns:
+        ``deliveries`` with ``outcome`` and ``is_late``.
+    """
+    batch_max = (
+        deliveries.filter(~pl.col("is_duplicate"))
+        .group_by(keys)
+        .agg(pl.col("sequence").max().alias("_b_max"))
+    )
+    prior = tombstones.select(*keys, pl.col("_cdc_seq").alias("_t_tomb"))
+    frame = (
+        deliveries.join(batch_max, on=keys, how="left")
+        .join(targets.select(*keys, "_t_seq"), on=keys, how="left")
+        .join(prior, on=keys, how="left")
+    )
+    outcome = (
+        pl.when(pl.col("is_duplicate"))
+        .then(pl.lit("DUPLICATE"))
+        .when(pl.col("sequence") < pl.col("_b_max"))
+        .then(pl.lit("SUPERSEDED_IN_BATCH"))
+        .when(pl.col("sequence") < pl.col("_t_tomb").fill_null(""))
+        .then(pl.lit("TOMBSTONED"))
+        .when(pl.col("sequence") < pl.col("_t_seq").fill_null(""))
+        .then(pl.lit("STALE"))
+        .otherwise(pl.lit("APPLIED"))
+    )
+    return frame.with_columns(
+        outcome.alias("outcome"), (pl.col("lag_s") > late_after_s).alias("is_late")
+    )
+
+
+def count_outcomes(outcomes: pl.DataFrame, report: BatchReport) -> None:
+    """Add a batch's (or one table's) outcomes to the report: ``stale_ignored``,
+    ``tombstoned``, ``late_events`` and ``max_event_lag_s`` (the largest so far)."""
+    counts = outcomes.group_by("outcome").len()
+    by_outcome = dict(zip(counts["outcome"].to_list(), counts["len"].to_list(), strict=True))
+    report.stale_ignored += by_outcome.get("STALE", 0)
+    report.tombstoned += by_outcome.get("TOMBSTONED", 0)
+    report.late_events += int(outcomes["is_late"].sum())
+    if outcomes.height:
+        lag = float(outcomes["lag_s"].max())  # type: ignore[arg-type]
+        if report.max_event_lag_s is None or lag > report.max_event_lag_s:
+            report.max_event_lag_s = lag
+
+
+__all__ = ["count_outcomes", "event_outcomes", "merge_silver", "merge_tombstones"]

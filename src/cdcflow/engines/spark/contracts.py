@@ -16,7 +16,8 @@ the local engine wrote. The streaming loop, batch ids and checkpoint are those o
    MERGE ON every key column (:mod:`cdcflow.engines.spark.fold`, :mod:`cdcflow.plan.merge_spec`)
    — ``after_silver_merge``, hard mode: tombstone MERGE and purge — ``after_silver``, the SCD2
    history MERGE of the touched keys (:mod:`cdcflow.engines.spark.history`) —
-   ``after_history``;
+   ``after_history``, the outcome of each accepted delivery (``audit/<name>_event_outcomes``)
+   — ``after_outcomes``;
 3. (``snowflake.mode: inline``) each table's Silver to its Snowflake table;
    ``quarantine/unrouted_events``, ``audit/table_batch_log`` — ``after_outcomes`` — and
    ``audit/batch_log`` — ``after_audit``.
@@ -337,7 +338,7 @@ class SparkContractsEngine(SparkEngine):
         reports = [TableReport(batch_id, c.name) for c in self.contracts]
         with report.stage("tables"):
             for contract, table_report in zip(self.contracts, reports, strict=True):
-                self._run_table(contract, routed, offsets, table_report)
+                self._run_table(contract, routed, offsets, table_report, report)
         if self.config.snowflake.mode == "inline":  # each table's Silver -> Snowflake
             from cdcflow.sinks.snowflake.inline import inline_sync
 
@@ -424,8 +425,10 @@ class SparkContractsEngine(SparkEngine):
         routed: DataFrame,
         offsets: BatchOffsets,
         report: TableReport,
+        totals: BatchReport,
     ) -> None:
-        """Validate, de-duplicate and write one table's records of the micro-batch."""
+        """Validate, de-duplicate and write one table's records of the micro-batch (its
+        outcomes counted into ``totals``)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -538,6 +541,72 @@ class SparkContractsEngine(SparkEngine):
             self._table_history(contract, tables, keys, fold_columns, batch_id)
             crash_point("after_history", batch_id)
         report.silver_version = self.store.table(tables.silver).version()
+        if report.accepted:
+            self._table_outcomes(contract, tables, bronze, offsets, totals)
+        crash_point("after_outcomes", batch_id)
+
+    def _table_outcomes(
+        self,
+        contract: TableContract,
+        tables: ContractTables,
+        bronze: DataFrame,
+        offsets: BatchOffsets,
+        totals: BatchReport,
+    ) -> None:
+        """The outcome of each accepted delivery (the rules of
+        :func:`cdcflow.engines.local.merges.event_outcomes`; Silver and the tombstones read as
+        they are now: the batch's own commits do not change an outcome), appended to the
+        table's outcomes table and counted into ``totals``."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        key = list(contract.keys)
+        threshold = self.config.processing.late_event_threshold.total_seconds()
+        pt = F.lit(offsets.processing_time).cast("timestamp")
+        batch_max = (
+            bronze.filter(~F.col("is_duplicate"))
+            .groupBy(*key)
+            .agg(F.max("sequence").alias("_b_max"))
+        )
+        targets = self._read(tables.silver).select(*key, F.col("_cdc_seq").alias("_t_seq"))
+        frame = bronze.join(batch_max, key, "left").join(targets, key, "left")
+        tomb = F.lit("")
+        if contract.delete_mode == "hard":
+            prior = self._read(tables.tombstones).select(*key, F.col("_cdc_seq").alias("_t_tomb"))
+            frame = frame.join(prior, key, "left")
+            tomb = F.coalesce(F.col("_t_tomb"), F.lit(""))
+        outcomes = (
+            frame.select(
+                "*",
+                F.when(F.col("is_duplicate"), F.lit("DUPLICATE"))
+                .when(F.col("sequence") < F.col("_b_max"), F.lit("SUPERSEDED_IN_BATCH"))
+                .when(F.col("sequence") < tomb, F.lit("TOMBSTONED"))
+                .when(F.col("sequence") < F.coalesce(F.col("_t_seq"), F.lit("")), F.lit("STALE"))
+                .otherwise(F.lit("APPLIED"))
+                .alias("outcome"),
+                ((F.unix_micros(pt) - F.unix_micros(F.col("event_timestamp"))) / 1e6).alias(
+                    "lag_s"
+                ),
+            )
+            .withColumn("is_late", F.col("lag_s") > threshold)
+            .select(*tables.outcomes.schema.names)
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        self._cached.append(outcomes)
+        summary = outcomes.agg(
+            F.count(F.when(F.col("outcome") == "STALE", 1)).alias("stale"),
+            F.count(F.when(F.col("outcome") == "TOMBSTONED", 1)).alias("tombstoned"),
+            F.count(F.when(F.col("is_late"), 1)).alias("late"),
+            F.max("lag_s").alias("max_lag"),
+        ).first()
+        assert summary is not None
+        totals.stale_ignored += summary["stale"]
+        totals.tombstoned += summary["tombstoned"]
+        totals.late_events += summary["late"]
+        lag = summary["max_lag"]
+        if lag is not None and (totals.max_event_lag_s is None or lag > totals.max_event_lag_s):
+            totals.max_event_lag_s = lag
+        self._append(outcomes, tables.outcomes, offsets.batch_id)
 
     def _table_silver(
         self,
