@@ -101,7 +101,9 @@ class PostgresSourceSection(_Section):
     environment variable named by ``password_env`` or the file named by ``password_file`` (or
     libpq's own ``PGPASSWORD``/``.pgpass``). ``slot_name``: the logical replication slot (created
     with ``plugin`` when missing); ``table``: ``schema.table`` whose changes are streamed;
-    ``key_column``: its primary-key column holding the customer_id; ``max_changes_per_batch``:
+    ``key_column``: its primary-key column holding the customer_id (both for the customers
+    table; with a ``tables:`` section the slot streams every declared table, named like its
+    contract, in any schema: docs/postgres.md); ``max_changes_per_batch``:
     upper bound on decoded rows staged per micro-batch (whole transactions are always kept).
     """
 

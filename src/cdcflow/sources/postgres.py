@@ -126,7 +126,13 @@ def connection(settings: PostgresSourceSection) -> Iterator[Any]:
 
 
 def wal2json_options(table: str) -> list[str]:
-    """Options of ``pg_logical_slot_peek_changes`` for wal2json format-version 2."""
+    """Options of ``pg_logical_slot_peek_changes`` for wal2json format-version 2.
+
+    Args:
+        table: the ``add-tables`` filter: ``schema.table`` (a bare name: ``public.<name>``), or
+            a comma-separated list of them (wal2json's syntax; ``*.name``: that table in any
+            schema).
+    """
     qualified = table if "." in table else f"public.{table}"
     return [
         "format-version",
@@ -190,15 +196,29 @@ def confirmed_lsn(conn: Any, slot_name: str) -> int:
     return parse_lsn(row[0])
 
 
-def peek(conn: Any, settings: PostgresSourceSection, max_changes: int) -> DecodedRange:
-    """Peek up to ``max_changes`` decoded rows (whole transactions) and decode them."""
-    options = wal2json_options(settings.table)
+def peek(
+    conn: Any,
+    settings: PostgresSourceSection,
+    max_changes: int,
+    tables: dict[str, tuple[str, ...]] | None = None,
+) -> DecodedRange:
+    """Peek up to ``max_changes`` decoded rows (whole transactions) and decode them.
+
+    Args:
+        conn: an open connection.
+        settings: the source's settings (slot; ``table`` and ``key_column`` for customers).
+        max_changes: upper bound on decoded rows (whole transactions are kept).
+        tables: declared tables: PostgreSQL table name → key columns; the slot's changes of
+            each such table (in any schema) are decoded instead of ``settings.table``'s.
+    """
+    filter_ = settings.table if tables is None else ",".join(f"*.{t}" for t in tables)
+    options = wal2json_options(filter_)
     placeholders = ", ".join(["%s"] * len(options))
     rows = conn.execute(
         f"SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, %s, {placeholders})",
         (settings.slot_name, max_changes, *options),
     ).fetchall()
-    return decode_rows(rows, key_column=settings.key_column)
+    return decode_rows(rows, key_column=settings.key_column, tables=tables)
 
 
 def advance(conn: Any, slot_name: str, target: int) -> int:
@@ -278,6 +298,13 @@ class PostgresSource:
         self.settings = config.source.postgres
         self.landing = Path(config.source.path)
         self.state_path = Path(config.checkpoint.location) / STATE_FILE
+        #: declared tables: PostgreSQL table (= the contract's name) → its key columns' source
+        #: fields; None for the customers table (``source.postgres.table``)
+        self.tables: dict[str, tuple[str, ...]] | None = None
+        if config.tables:
+            self.tables = {
+                c.name: tuple(c.column(k).field for k in c.keys) for c in config.contracts()
+            }
 
     # -- state file -------------------------------------------------------------------------
     def staged(self) -> list[StagedFile]:
@@ -335,7 +362,9 @@ class PostgresSource:
                     staged = [f for f in staged if f.path not in lost]
                     self._save(staged)
             while True:
-                decoded = peek(conn, self.settings, self.settings.max_changes_per_batch)
+                decoded = peek(
+                    conn, self.settings, self.settings.max_changes_per_batch, self.tables
+                )
                 if decoded.end_lsn is None or decoded.start_lsn is None:
                     return None
                 name = f"pg_{decoded.start_lsn:016X}_{decoded.end_lsn:016X}.jsonl"
@@ -353,7 +382,10 @@ class PostgresSource:
         if decoded.truncates:
             log.warning(
                 "source TRUNCATE staged; it is quarantined, not applied",
-                extra={"table": self.settings.table, "truncates": decoded.truncates},
+                extra={
+                    "table": self.settings.table if self.tables is None else ",".join(self.tables),
+                    "truncates": decoded.truncates,
+                },
             )
         log.info(
             "staged changes from replication slot",

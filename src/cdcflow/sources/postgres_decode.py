@@ -1,4 +1,5 @@
-"""wal2json (format-version 2) change rows → canonical flat events of the ``customers`` contract.
+"""wal2json (format-version 2) change rows → canonical flat events of the ``customers`` contract,
+or (``tables``) of every declared table.
 
 Pure functions, no database: :func:`decode_rows` takes the rows returned by
 ``pg_logical_slot_peek_changes(slot, NULL, n, 'format-version', '2', 'include-xids', '1',
@@ -29,6 +30,7 @@ Mapping (one row change → one event, except a key-changing UPDATE → two):
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -93,14 +95,23 @@ def commit_timestamp(text: str) -> str:
     return parsed.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def _tuple(columns: list[dict[str, Any]] | None) -> dict[str, Any]:
-    return {c["name"]: c.get("value") for c in columns or []}
+def _tuple(columns: list[dict[str, Any]] | None, typed: bool = False) -> dict[str, Any]:
+    """Column name → value of a wal2json tuple; ``typed`` (declared tables): a ``json`` /
+    ``jsonb`` column's text (wal2json sends it as a string) parsed into its JSON value."""
+    out = {c["name"]: c.get("value") for c in columns or []}
+    if typed:
+        for c in columns or []:
+            value = out[c["name"]]
+            if c.get("type") in ("json", "jsonb") and isinstance(value, str):
+                with contextlib.suppress(ValueError):  # not JSON after all: kept as text
+                    out[c["name"]] = json.loads(value)
+    return out
 
 
 def _event(
     *,
     op: str,
-    key: Any,
+    key: dict[str, Any],
     values: dict[str, Any],
     ts: str,
     change_lsn: int,
@@ -108,15 +119,16 @@ def _event(
     position: int,
     xid: Any,
     table: str,
+    columns: tuple[str, ...] | None = ATTRIBUTES,
 ) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "event_id": event_id(commit_lsn, position),
-        "customer_id": key,
-        "operation": op,
-        "event_timestamp": ts,
-    }
+    """One event: the key fields, then (INSERT/UPDATE) ``values`` of ``columns`` (None: every
+    column of the row that is not a key field; a key column is never repeated)."""
+    record: dict[str, Any] = {"event_id": event_id(commit_lsn, position), **key}
+    record["operation"] = op
+    record["event_timestamp"] = ts
     if op in ("INSERT", "UPDATE"):
-        for name in ATTRIBUTES:
+        names = [n for n in values if n not in key] if columns is None else columns
+        for name in names:
             if name in values:
                 record[name] = values[name]
     record["metadata"] = {
@@ -128,13 +140,21 @@ def _event(
     return record
 
 
-def decode_rows(rows: Iterable[tuple[str, str]], key_column: str = "customer_id") -> DecodedRange:
+def decode_rows(
+    rows: Iterable[tuple[str, str]],
+    key_column: str = "customer_id",
+    tables: dict[str, tuple[str, ...]] | None = None,
+) -> DecodedRange:
     """Turn peeked wal2json v2 rows into canonical events, keeping only complete transactions.
 
     Args:
         rows: ``(lsn, data)`` pairs as returned by ``pg_logical_slot_peek_changes`` (``lsn`` in
             ``X/Y`` notation; for a commit row it is the end of the commit record).
-        key_column: the primary-key column that holds the customer_id.
+        key_column: the primary-key column that holds the customer_id (customers).
+        tables: declared tables (a ``tables:`` section): PostgreSQL table name → its key
+            columns. An event then carries the key columns and every column of the new row
+            under their PostgreSQL names (a number with a fraction as its exact text, a
+            ``json``/``jsonb`` value parsed), and a TRUNCATE names the truncated table (no key).
 
     Returns:
         The decoded range. Rows after the last commit row (an incomplete transaction, which a
@@ -151,7 +171,8 @@ def decode_rows(rows: Iterable[tuple[str, str]], key_column: str = "customer_id"
         if result.start_lsn is None:
             result.start_lsn = row_lsn
         try:
-            change = json.loads(data)
+            # declared tables: a number's exact text (numeric(p,s) beyond a float's digits)
+            change = json.loads(data) if tables is None else json.loads(data, parse_float=str)
             action = change["action"]
         except (ValueError, KeyError, TypeError) as exc:
             raise DecodeError(f"not a wal2json format-version 2 row at {lsn_text}") from exc
@@ -172,6 +193,12 @@ def decode_rows(rows: Iterable[tuple[str, str]], key_column: str = "customer_id"
         if action == "M":
             continue
         table = f"{change.get('schema', '')}.{change.get('table', '')}"
+        keys: tuple[str, ...] = (key_column,)  # the key's columns in the row
+        fields: tuple[str, ...] = ("customer_id",)  # their names in the event
+        columns: tuple[str, ...] | None = ATTRIBUTES
+        if tables is not None:
+            keys = fields = tables.get(str(change.get("table", "")), ())
+            columns = None
         ts = commit_timestamp(change["timestamp"])
         change_lsn = parse_lsn(change["lsn"])
         xid = change.get("xid")
@@ -181,35 +208,36 @@ def decode_rows(rows: Iterable[tuple[str, str]], key_column: str = "customer_id"
             "commit_lsn": 0,  # filled in at the commit row
             "xid": xid,
             "table": table,
+            "columns": columns,
         }
         if action == "T":
-            record = _event(op="TRUNCATE", key=None, values={}, position=0, **common)
+            no_key = {} if tables is not None else {"customer_id": None}
+            record = _event(op="TRUNCATE", key=no_key, values={}, position=0, **common)
             record["metadata"]["note"] = TRUNCATE_NOTE
             pending.append(record)
             pending_truncates += 1
             continue
         if action not in _ACTIONS:
             raise DecodeError(f"unknown wal2json action {action!r} at {lsn_text}")
-        new = _tuple(change.get("columns"))
-        old = _tuple(change.get("identity"))
+        new = _tuple(change.get("columns"), typed=tables is not None)
+        old = _tuple(change.get("identity"), typed=tables is not None)
         if action == "D":
-            if key_column not in old:
-                raise DecodeError(f"DELETE without the key column {key_column!r} at {lsn_text}")
-            pending.append(
-                _event(op="DELETE", key=old[key_column], values={}, position=0, **common)
-            )
+            if any(k not in old for k in keys):
+                raise DecodeError(f"DELETE without the key column {_names(keys)} at {lsn_text}")
+            old_key = {f: old[k] for f, k in zip(fields, keys, strict=True)}
+            pending.append(_event(op="DELETE", key=old_key, values={}, position=0, **common))
             continue
-        if key_column not in new:
+        if any(k not in new for k in keys):
             raise DecodeError(f"{_ACTIONS[action]} without the key column at {lsn_text}")
-        if action == "U" and key_column in old and old[key_column] != new[key_column]:
-            pending.append(
-                _event(op="DELETE", key=old[key_column], values={}, position=0, **common)
-            )
-            pending.append(
-                _event(op="INSERT", key=new[key_column], values=new, position=0, **common)
-            )
+        new_key = {f: new[k] for f, k in zip(fields, keys, strict=True)}
+        if action == "U" and all(k in old for k in keys) and any(old[k] != new[k] for k in keys):
+            old_key = {f: old[k] for f, k in zip(fields, keys, strict=True)}
+            pending.append(_event(op="DELETE", key=old_key, values={}, position=0, **common))
+            pending.append(_event(op="INSERT", key=new_key, values=new, position=0, **common))
             continue
-        pending.append(
-            _event(op=_ACTIONS[action], key=new[key_column], values=new, position=0, **common)
-        )
+        pending.append(_event(op=_ACTIONS[action], key=new_key, values=new, position=0, **common))
     return result
+
+
+def _names(keys: tuple[str, ...]) -> str:
+    return ", ".join(repr(k) for k in keys) if len(keys) != 1 else repr(keys[0])

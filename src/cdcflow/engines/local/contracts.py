@@ -687,11 +687,6 @@ class LocalContractsEngine:
     """
 
     def __init__(self, config: CdcflowConfig) -> None:
-        if config.source.type != "files":
-            raise ConfigError(
-                f"source.type: {config.source.type!r} feeds the shipped customers tables only "
-                "yet; declared tables (key 'tables') read landing files (source.type: files)"
-            )
         self.config = config
         self.app_id = f"cdcflow-{config.pipeline.name}"
         self.store, contracts = open_tables(config)
