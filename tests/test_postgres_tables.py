@@ -198,3 +198,10 @@ def test_declared_tables_stream_from_one_slot(pgt: PgTables) -> None:
         "DELETE",
         "INSERT",
     ]
+    # a TRUNCATE of a declared table is quarantined in that table, never applied
+    pgt.sql("TRUNCATE order_lines")
+    pgt.run()
+    quarantined = rows(pgt.config, "quarantine/order_lines_events")
+    truncated = [r for r in quarantined if '"TRUNCATE"' in r["raw_line"]]
+    assert [r["failure_reason"] for r in truncated] == ["NULL_ORDER_ID"]
+    assert silver(pgt.config, contract_of(pgt.config, "order_lines")) == lines
