@@ -404,9 +404,52 @@ def test_commands_that_do_not_take_declared_tables_say_so(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert "cdcflow.yaml: key 'tables': this command works on" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    # replay of declared tables verifies only
-    result = forkrun.run(["replay", "--config", str(path), "--apply"], env, REPO, 120)
-    assert result.returncode == 2 and "--apply is for the customers tables only" in result.stderr
+
+
+def test_replay_apply_rebuilds_every_table_and_a_killed_apply_is_finished(
+    tmp_path: Path,
+) -> None:
+    """``replay --apply``: each declared table's Silver (and tombstones) rewritten from Bronze
+    alone; a drifted Silver is repaired; an apply killed after its first table leaves the
+    pipeline refusing to run until a second apply finishes it; micro-batches continue after."""
+    config = write_config(tmp_path, mode="hard")
+    lines = [
+        json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1, owner="Ann", balance=5)),
+        json.dumps(rec("accounts", "A2", "UPDATE", 12, account_id=1, vip=True)),
+        json.dumps(rec("order_lines", "L1", "INSERT", 11, order_id="O", line_no=1, quantity=2)),
+        json.dumps(rec("order_lines", "L2", "DELETE", 13, order_id="O", line_no=1)),
+        json.dumps(rec("order_lines", "L3", "INSERT", 14, order_id="O", line_no=2, quantity=4)),
+    ]
+    write_files(config, [lines[:3], lines[3:]])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    path = Path(config.file)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    # drift: Silver edited behind the pipeline's back, a tombstone lost
+    DeltaTable(config.table_uri("silver/accounts")).update({"owner": "'Zed'"})
+    DeltaTable(config.table_uri("silver/order_lines_tombstones")).delete()
+    verify = forkrun.run(["replay", "--config", str(path), "--verify"], env, REPO, 120)
+    assert verify.returncode == 1 and "accounts:" in verify.stdout and "DIFFERENT" in verify.stdout
+
+    env_crash = {**env, "CDCFLOW_CRASH_AT": "replay_after_silver@0"}
+    killed = forkrun.run(["replay", "--config", str(path), "--apply"], env_crash, REPO, 120)
+    assert killed.returncode != 0
+    refused = forkrun.run(["run", "--config", str(path)], env, REPO, 120)
+    assert refused.returncode != 0 and "replay 0" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    applied = forkrun.run(["replay", "--config", str(path), "--apply"], env, REPO, 120)
+    assert applied.returncode == 0, applied.stderr
+    assert "replay 0 applied" in applied.stdout and "DIFFERENT" not in applied.stdout
+    assert_silver_is_the_fold(config, lines)
+    tombs = rows(config, "silver/order_lines_tombstones")
+    assert [(t["order_id"], t["line_no"], t["last_event_id"]) for t in tombs] == [("O", 1, "L2")]
+    log = [r for r in rows(config, "audit/batch_log") if r["kind"] == "replay"]
+    assert len(log) == 1 and log[0]["accepted"] == 5
+    # the rewritten Silver keeps its sequence registers: a late, stale update stays ignored
+    more = [json.dumps(rec("accounts", "A0", "UPDATE", 11, account_id=1, vip=False))]
+    write_files(config, [more])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert silver(config, contract_of(config, "accounts"))[(1,)]["vip"] is True
+    assert_silver_is_the_fold(config, lines + more)
 
 
 # ----------------------------------------------------------------------------- property

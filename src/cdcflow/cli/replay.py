@@ -89,18 +89,25 @@ def replay_table(result: ReplayResult) -> Table:
 def _replay_declared(
     cfg: CdcflowConfig, verify: bool, apply: bool, to_version: int | None, output: str
 ) -> None:
-    """``replay --verify`` of declared tables (:mod:`cdcflow.layers.contract_replay`)."""
+    """``replay --verify`` / ``--apply`` of declared tables (:mod:`cdcflow.layers.
+    contract_replay`, :mod:`cdcflow.engines.local.contract_replay`)."""
     from cdcflow.cli.progress import working
     from cdcflow.cli.reconcile import print_report
     from cdcflow.layers.contract_replay import replay_tables
 
-    if apply or not verify:
-        raise CdcflowError(
-            "replay: declared tables are replayed with --verify (rebuilt from Bronze, compared "
-            "with the live Silver); --apply is for the customers tables only yet"
-        )
+    if not (verify or apply):
+        raise CdcflowError("replay: declared tables are replayed with --verify and/or --apply")
+    if apply and to_version is not None:
+        raise CdcflowError("replay: --apply rebuilds from the latest Bronze (no --to-version)")
     with working("replay: rebuilding each declared table from bronze", enabled=output == "text"):
         results = replay_tables(cfg, to_version)
+    replay_id = None
+    if apply:
+        from cdcflow.engines.local.contract_replay import apply_tables
+
+        with working("replay: writing each rebuilt Silver", enabled=output == "text"):
+            replay_id = apply_tables(cfg, results)
+            results = replay_tables(cfg)  # the written state, checked again
     if output == "json":
         typer.echo(json.dumps([r.to_json() for r in results], indent=1, default=str))
     else:
@@ -114,6 +121,8 @@ def _replay_declared(
             )
             if r.report is not None and not r.report.ok:
                 print_report(r.report)
+        if replay_id is not None:
+            console.print(f"replay {replay_id} applied: every declared table's Silver rewritten")
     if not all(r.verified for r in results):
         raise typer.Exit(1)
 

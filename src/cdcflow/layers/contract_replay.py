@@ -7,12 +7,14 @@ processing time (``ingested_at``) so the rules apply exactly as when it was acce
 accepted events are folded by the reference fold (:func:`cdcflow.plan.reference.fold_changes`,
 pure Python, independent of the engine's incremental MERGE path), and the result is compared
 with the live Silver (:func:`cdcflow.reconcile.reconcile_table`). Nothing is written: this is
-``cdcflow replay --verify`` for declared tables (``--apply`` is customers-only for now).
+``cdcflow replay --verify`` for declared tables; ``--apply`` writes the rebuilt tables
+(:mod:`cdcflow.engines.local.contract_replay`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import polars as pl
@@ -53,6 +55,9 @@ class TableReplay:
     rejected: dict[str, int] = field(default_factory=dict)
     silver_rows: int = 0
     report: ReconcileReport | None = None
+    accepted: list[ChangeEvent] = field(default_factory=list, repr=False)
+    ingested_at: dict[str, datetime] = field(default_factory=dict, repr=False)
+    applied_version: int | None = None
 
     @property
     def verified(self) -> bool:
@@ -68,6 +73,7 @@ class TableReplay:
             "rejected": self.rejected,
             "silver_rows": self.silver_rows,
             "verified": self.verified,
+            "applied_version": self.applied_version,
             "report": None if self.report is None else self.report.to_json(),
         }
 
@@ -124,6 +130,8 @@ def replay_table(
             result.rejected[event.reason] = result.rejected.get(event.reason, 0) + 1
         else:
             events.append(event)
+            result.ingested_at[event.event_id] = ingested_at
+    result.accepted = events
     state = fold_changes(events, contract, contract.delete_mode)
     expected = contract_state_frame(contract, state)
     result.silver_rows = expected.height

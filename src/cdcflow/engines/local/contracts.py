@@ -590,7 +590,11 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract]]
     Raises:
         ConfigError: two tables write the same Delta table.
         SchemaDriftError: a contract changed incompatibly.
+        ReplayError: a ``replay --apply`` of the tables did not finish.
     """
+    from cdcflow.engines.local.contract_replay import check_replays
+
+    check_replays(config)  # an unfinished replay --apply: refuse before anything is written
     contracts = config.contracts()
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
     for contract in contracts:
