@@ -122,9 +122,9 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
     Args:
         config_path: the YAML file.
         declared_tables: the command works on declared tables (a ``tables:`` section):
-            ``run``, ``validate``, ``generate``, ``reconcile``, ``replay``, ``as-of``, ``sync``
-            and ``schema``; the others (``gold``, ``optimize``) work on the shipped customers
-            tables only.
+            ``run``, ``validate``, ``generate``, ``reconcile``, ``replay``, ``as-of``, ``sync``,
+            ``optimize`` and ``schema``; ``gold`` (the customers analytics of the brief) works
+            on the shipped customers tables only.
 
     Raises:
         ConfigError: the file is invalid, or it declares tables and the command does not
@@ -134,8 +134,8 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
     if config.tables and not declared_tables:
         raise ConfigError(
             f"{config_path}: key 'tables': this command works on the shipped customers tables "
-            "only yet (a config without tables:); declared tables work with `cdcflow run`, "
-            "`generate`, `reconcile`, `replay --verify`, `as-of`, `validate`, `schema` and "
+            "only (a config without tables:); declared tables work with `cdcflow run`, "
+            "`generate`, `reconcile`, `replay`, `as-of`, `validate`, `schema`, `optimize` and "
             "`sync snowflake`"
         )
     setup_logging(config.logging.level, config.logging.file)

@@ -134,7 +134,7 @@ def optimize(
         patience = parse_duration(wait)
     except ValueError as exc:
         raise ConfigError(f"--wait: {exc}") from None
-    cfg = load(config)
+    cfg = load(config, declared_tables=True)
     with working("optimize", unit="tables") as work:
 
         def on_table(name: str, number: int, total: int) -> None:

@@ -3,6 +3,9 @@
 * ``silver/customers``: Z-order by ``maintenance.zorder_silver_by`` (default city, status) — files
   are rewritten so that rows with close (city, status) values share files, which lets readers
   skip files on those columns;
+* with declared tables (``tables:``): each table's Silver by the ``zorder_silver_by`` columns it
+  has (none: compaction), and every other table of each contract, ``quarantine/unrouted_events``
+  and the audit tables compacted;
 * every other pipeline, history and Gold table: bin-packing compaction of small files;
 * every table: vacuum of files no longer referenced and older than
   ``maintenance.vacuum_retention`` (the config refuses a retention shorter than
@@ -101,8 +104,22 @@ class TableMaintenance:
     version: int
 
 
-def _tables() -> tuple[TableSpec, ...]:
-    return (*ALL_TABLES, *GOLD_TABLES)
+def _tables(config: CdcflowConfig) -> tuple[tuple[TableSpec, ...], set[str]]:
+    """(every table of the pipeline, the names of its Silver tables)."""
+    if not config.tables:
+        return (*ALL_TABLES, *GOLD_TABLES), {SILVER.name}
+    from cdcflow.engines.local.contracts import TABLE_BATCH_LOG, UNROUTED
+    from cdcflow.layers.contract_tables import contract_tables
+    from cdcflow.layers.schema_log import SCHEMA_LOG
+    from cdcflow.layers.tables import BATCH_LOG
+
+    specs: list[TableSpec] = []
+    silvers = set()
+    for contract in config.contracts():
+        tables = contract_tables(contract)
+        specs += vars(tables).values()
+        silvers.add(tables.silver.name)
+    return (*specs, UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG), silvers
 
 
 def _committed(
@@ -188,7 +205,7 @@ def optimize(
     options = config.storage.options or None
     zorder_by = list(settings.zorder_silver_by)
     done = []
-    specs = _tables()
+    specs, silvers = _tables(config)
     for number, spec in enumerate(specs):
         if on_table is not None:
             on_table(spec.name, number, len(specs))
@@ -197,11 +214,13 @@ def optimize(
         def open_table(uri: str = uri) -> DeltaTable:
             return DeltaTable(uri, storage_options=options)
 
-        action = "zorder" if spec is SILVER and zorder_by else "compact"
+        # a declared table's Silver: by the zorder_silver_by columns it has (none: compact)
+        by = [c for c in zorder_by if c in spec.schema.names] if spec.name in silvers else []
+        action = "zorder" if by else "compact"
 
-        def rewrite(table: DeltaTable, action: str = action) -> dict[str, Any]:
+        def rewrite(table: DeltaTable, action: str = action, by: list[str] = by) -> dict[str, Any]:
             if action == "zorder":
-                return table.optimize.z_order(zorder_by)
+                return table.optimize.z_order(by)
             return table.optimize.compact()
 
         def clean(table: DeltaTable) -> list[str]:
