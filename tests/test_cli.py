@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from tests import forkrun
@@ -241,3 +242,33 @@ def test_unexpected_errors_and_one_line(
     assert capsys.readouterr().err == (
         "error: unexpected RuntimeError: first line | second line | third line\n"
     )
+
+
+def test_the_console_script_exits_with_its_code_after_a_delta_read(tmp_path: Path) -> None:
+    """A process that reads a Delta table through delta-rs' PyArrow dataset just before it
+    exits can abort while the interpreter shuts down (exit 134, ``terminate called without an
+    active exception``; it hit about one drift stop in five). The console script's entry point
+    leaves with the command's own exit code: eight children in a row whose command reads a
+    table last and exits 2 all exit 2 (without the entry point, most of them abort)."""
+    from deltalake import write_deltalake
+
+    table = tmp_path / "t"
+    write_deltalake(str(table), pa.table({"a": list(range(1000)), "b": ["x"] * 1000}))
+    child = (
+        "import sys\n"
+        "import cdcflow.cli.app as app\n"
+        "from deltalake import DeltaTable\n"
+        "kept = []\n"
+        "def main():\n"
+        f"    kept.append(DeltaTable({str(table)!r}).to_pyarrow_table(columns=['a']))\n"
+        "    sys.exit(2)\n"
+        "app.main = main\n"
+        "app.entry()\n"
+    )
+    codes = [
+        subprocess.run(
+            [sys.executable, "-c", child], capture_output=True, text=True, timeout=120
+        ).returncode
+        for _ in range(8)
+    ]
+    assert codes == [2] * 8

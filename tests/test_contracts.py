@@ -187,6 +187,29 @@ def test_tables_are_declared_in_the_config(tmp_path: Path) -> None:
         (("decimal(12,2)", "decimal(12,20)"), "scale at most the precision"),
         (('"[A-Z]{3}-[0-9]+"', '"(a)\\\\1"'), "not an RE2 pattern"),
         (("name: order_lines", "name: accounts"), "tables declared twice: accounts"),
+        # a foreign key names a declared table and a column of the same type
+        (
+            (
+                "{name: line_no, type: integer}",
+                "{name: line_no, type: integer, references: acounts.account_id}",
+            ),
+            "column line_no references acounts.account_id, but no table acounts is declared "
+            "(declared: accounts, order_lines), did you mean accounts?",
+        ),
+        (
+            (
+                "{name: line_no, type: integer}",
+                "{name: line_no, type: integer, references: accounts.acount_id}",
+            ),
+            "table accounts has no column acount_id, did you mean account_id?",
+        ),
+        (
+            (
+                "{name: order_id, type: string}",
+                "{name: order_id, type: string, references: accounts.account_id}",
+            ),
+            "whose type integer differs from the column's type string",
+        ),
     ],
 )
 def test_contract_errors_name_the_file_the_table_and_the_key(

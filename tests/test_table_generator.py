@@ -206,3 +206,46 @@ def test_a_generated_workload_runs_and_reconciles_table_by_table(tmp_path: Path)
     assert lost.returncode == 1, lost.stdout + lost.stderr
     verdicts = {r["table"]: r["verified"] for r in json.loads(lost.stdout)}
     assert verdicts == {"members": True, "visits": False}
+
+
+def test_generate_continues_a_workload_after_a_contract_change(tmp_path: Path) -> None:
+    """``generate --config F --continue``: a second workload in the same landing folder
+    continues the first (later event ids, LSNs and times, the same keys and references),
+    here after a v2 contract with a new nullable column; its expected state covers everything
+    landed. Without --continue, a non-empty folder is refused in one line."""
+    from tests import forkrun
+
+    config = write_config(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def cdcflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return forkrun.run(list(args), env, tmp_path, 300)
+
+    size = ("--events", "300", "--keys", "20", "--files", "2")
+    first = cdcflow("generate", "--config", str(config), *size, "--expected", "exp1")
+    assert first.returncode == 0, first.stderr
+    assert cdcflow("run", "--config", str(config)).returncode == 0
+    raw = yaml.safe_load(config.read_text())
+    members = raw["tables"][0]
+    members["version"] = 2
+    members["columns"].append({"name": "tier", "type": "string", "allowed_values": ["A", "B"]})
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    refused = cdcflow("generate", "--config", str(config), *size)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "already holds 2 landing file(s)" in refused.stderr and "--continue" in refused.stderr
+    more = ("--seed", "7", "--expected", "exp2")
+    second = cdcflow("generate", "--config", str(config), *size, *more, "--continue")
+    assert second.returncode == 0, second.stderr
+    assert len(list((tmp_path / "landing").glob("events-*.jsonl"))) == 4
+    assert cdcflow("run", "--config", str(config)).returncode == 0
+    ok = cdcflow("reconcile", "--config", str(config), "--expected", "exp2")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("MATCH") == 2 and "MISMATCH" not in ok.stdout
+    lake = tmp_path / "lake"
+    silver = pl.read_delta(str(lake / "silver" / "members"))
+    assert silver["tier"].null_count() < silver.height  # the new column has values
+    bronze = pl.read_delta(str(lake / "bronze" / "members_events"))
+    quarantine = pl.read_delta(str(lake / "quarantine" / "members_events"))
+    assert "DUPLICATE_EVENT_CONFLICT" not in quarantine["failure_reason"].to_list()
+    assert bronze["batch_id"].unique().sort().to_list() == [0, 1]  # one micro-batch each

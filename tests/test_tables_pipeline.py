@@ -573,7 +573,19 @@ def test_contract_changes_evolve_or_stop_until_accepted(tmp_path: Path) -> None:
         config,
         [[json.dumps(rec("accounts", "A2", "INSERT", 20, account_id=2, loyalty_tier="GOLD"))]],
     )
-    Pipeline(config).run(Trigger.parse("available-now"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    evolved = forkrun.run(["run", "--config", config.file], env, REPO, 120)
+    assert evolved.returncode == 0, evolved.stderr
+    assert "table accounts: added column loyalty_tier (string)" in evolved.stdout  # said once
+    assert evolved.stdout.count("loyalty_tier") == 1
+    shown = forkrun.run(
+        ["schema", "log", "--config", config.file, "--output", "json"], env, REPO, 120
+    )
+    assert [(r["table_name"], r["version"], r["change"]) for r in json.loads(shown.stdout)][-1] == (
+        "accounts",
+        2,
+        "added column loyalty_tier (string)",
+    )
     contract = contract_of(config, "accounts")
     got = silver(config, contract)
     assert (got[(1,)]["loyalty_tier"], got[(2,)]["loyalty_tier"]) == (None, "GOLD")
@@ -735,6 +747,12 @@ def test_unknown_fields_evolve_into_columns(tmp_path: Path) -> None:
     Pipeline(load_config(Path(config.file))).run(Trigger.parse("available-now"))
     assert DeltaTable(config.table_uri("silver/accounts")).version() == before
     assert len(rows(config, "audit/schema_log")) == len(log)
+    # as-of shows the evolved columns too (the contract the tables hold)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    argv = ["as-of", "--config", config.file, "--table", "accounts", "--key", "account_id=1"]
+    shown = forkrun.run([*argv, "--version", str(before), "--output", "json"], env, REPO, 120)
+    assert shown.returncode == 0, shown.stderr
+    assert [(r["nickname"], r["score"]) for r in json.loads(shown.stdout)] == [("Al", 3)]
 
 
 def test_as_of_reads_a_declared_table_at_an_instant_or_a_version(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """``python -m cdcflow`` — same as the ``cdcflow`` console script."""
 
-from cdcflow.cli.app import main
+from cdcflow.cli.app import entry
 
-main()
+entry()

@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cdcflow.errors import ConfigError
-from cdcflow.model.contracts import CUSTOMERS, TableContract
+from cdcflow.model.contracts import CUSTOMERS, TableContract, parse_type
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -278,11 +278,40 @@ class CdcflowConfig(BaseSettings):
 
     @field_validator("tables")
     @classmethod
-    def _unique_tables(cls, tables: list[TableContract]) -> list[TableContract]:
+    def _consistent_tables(cls, tables: list[TableContract]) -> list[TableContract]:
+        """Table names are unique; a ``references: <table>.<column>`` names a declared table
+        and one of its columns of the same type."""
         names = [t.name for t in tables]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"tables declared twice: {', '.join(twice)}")
+        by_name = {t.name: t for t in tables}
+        for table in tables:
+            for spec in table.columns:
+                if spec.references is None:
+                    continue
+                about = f"table {table.name}: column {spec.name} references {spec.references}"
+                target_name, column = spec.references.split(".", 1)
+                target = by_name.get(target_name)
+                if target is None:
+                    close = difflib.get_close_matches(target_name, names, n=1, cutoff=0.6)
+                    hint = f", did you mean {close[0]}?" if close else ""
+                    raise ValueError(
+                        f"{about}, but no table {target_name} is declared "
+                        f"(declared: {', '.join(names)}){hint}"
+                    )
+                columns = [c.name for c in target.columns]
+                if column not in columns:
+                    close = difflib.get_close_matches(column, columns, n=1, cutoff=0.6)
+                    hint = f", did you mean {close[0]}?" if close else ""
+                    raise ValueError(
+                        f"{about}, but table {target_name} has no column {column}{hint}"
+                    )
+                other = target.column(column).type
+                if parse_type(other) != parse_type(spec.type):
+                    raise ValueError(
+                        f"{about}, whose type {other} differs from the column's type {spec.type}"
+                    )
         return tables
 
     def contracts(self) -> list[TableContract]:

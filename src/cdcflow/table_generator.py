@@ -118,6 +118,105 @@ class SourceState:
     )
 
 
+#: The generator's state file in a landing folder (``generate --config F --continue``): the
+#: simulated source at the end of the last workload written there, its last event id and LSN,
+#: and the end of its timeline. Not a landing file (its name does not end in ``.jsonl``).
+STATE_FILE = ".cdcflow-generate.json"
+
+
+def _encode(value: Any) -> Any:
+    """A key value as JSON: strings, integers and booleans as they are, other types tagged."""
+    if isinstance(value, Decimal):
+        return {"decimal": str(value)}
+    if isinstance(value, datetime):
+        return {"timestamp": value.isoformat()}
+    if isinstance(value, date):
+        return {"date": value.isoformat()}
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    ((tag, text),) = value.items()
+    if tag == "decimal":
+        return Decimal(text)
+    if tag == "timestamp":
+        return datetime.fromisoformat(text)
+    return date.fromisoformat(text)
+
+
+def _key(values: list[Any]) -> tuple[Any, ...]:
+    return tuple(_decode(v) for v in values)
+
+
+def save_state(out_dir: str | Path, summary: TablesSummary, until: datetime) -> Path:
+    """Write :data:`STATE_FILE` into the landing folder after a workload.
+
+    Args:
+        out_dir: the landing folder the workload was written to.
+        summary: what :func:`generate_tables` wrote (its ``source``, ``last_event``,
+            ``last_lsn``).
+        until: the end of its timeline (its ``now``).
+
+    Returns:
+        The state file's path.
+    """
+    source = summary.source
+    data = {
+        "last_event": summary.last_event,
+        "last_lsn": summary.last_lsn,
+        "until": until.isoformat(),
+        "keys": {t: [[_encode(v) for v in k] for k in keys] for t, keys in source.keys.items()},
+        "live": {
+            t: [[_encode(v) for v in k] for k in pool.items] for t, pool in source.live.items()
+        },
+        "held": [[t, [_encode(v) for v in k], n] for (t, k), n in source.held.items()],
+        "holds": [
+            [t, [_encode(v) for v in k], {c: [rt, [_encode(v) for v in rk]] for c, (rt, rk) in r}]
+            for (t, k), r in ((key, refs.items()) for key, refs in source.holds.items())
+        ],
+    }
+    path = Path(out_dir) / STATE_FILE
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def load_state(out_dir: str | Path) -> tuple[SourceState, int, int, datetime]:
+    """Read :data:`STATE_FILE` of a landing folder.
+
+    Returns:
+        (the simulated source, the last event id number, the last LSN, the end of the
+        timeline) of the last workload written there.
+
+    Raises:
+        CdcflowError: the folder holds no state file, or an unreadable one.
+    """
+    path = Path(out_dir) / STATE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        source = SourceState()
+        source.keys = {t: [_key(k) for k in keys] for t, keys in data["keys"].items()}
+        for table, keys in data["live"].items():
+            pool: KeyPool[tuple[Any, ...]] = KeyPool()
+            for k in keys:
+                pool.add(_key(k))
+            source.live[table] = pool
+        source.held = Counter({(t, _key(k)): n for t, k, n in data["held"]})
+        source.holds = {
+            (t, _key(k)): {c: (rt, _key(rk)) for c, (rt, rk) in refs.items()}
+            for t, k, refs in data["holds"]
+        }
+        return source, data["last_event"], data["last_lsn"], datetime.fromisoformat(data["until"])
+    except FileNotFoundError:
+        raise CdcflowError(
+            f"--continue: {path.parent} holds no workload of `cdcflow generate --config` to "
+            f"continue (no {STATE_FILE})"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CdcflowError(f"--continue: {path}: unreadable generator state ({exc})") from None
+
+
 @dataclass
 class TablesSummary:
     """What :func:`generate_tables` wrote.
@@ -597,6 +696,7 @@ def expected_tables(
 
 
 __all__ = [
+    "STATE_FILE",
     "UNDECLARED_TABLE",
     "SourceState",
     "TableOutcome",
@@ -604,4 +704,6 @@ __all__ = [
     "TablesWorkload",
     "expected_tables",
     "generate_tables",
+    "load_state",
+    "save_state",
 ]

@@ -8,6 +8,9 @@ error is exactly one line whatever the terminal width (:func:`print_error`).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import sys
 import traceback
 import unicodedata
@@ -184,6 +187,9 @@ def run(
             )
 
         reports = pipeline.run(parsed, on_batch=show, on_recover=recovering)
+    # declared tables: the contract changes this run applied and recorded (audit/schema_log)
+    for line in getattr(pipeline.engine, "schema_changes", []):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not continuous:
         if reports:
             console.print(batch_table(reports))
@@ -226,8 +232,37 @@ from cdcflow.cli.schema import schema_app  # noqa: E402
 app.add_typer(schema_app)
 
 
+def entry() -> None:
+    """The ``cdcflow`` console script (and ``python -m cdcflow``): :func:`main`, then exit
+    without the interpreter's finalization.
+
+    A process that read a Delta table through delta-rs' PyArrow dataset can abort while the
+    interpreter shuts down (``terminate called without an active exception``, exit 134: a
+    PyArrow I/O thread still attached to delta-rs' Python file system; delta-io/delta-rs#2184,
+    apache/arrow#34314) — after its work and its one-line message, but with the wrong exit
+    code. Every write is committed before :func:`main` returns, so the streams and log handlers
+    are flushed here and the process leaves with ``os._exit`` and the command's exit code.
+    """
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:  # sys.exit("message"): printed like the interpreter does
+            print(exc.code, file=sys.stderr)
+            code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        logging.shutdown()
+    os._exit(code)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """The command line: run the command, print an error in one line; exit codes 0 (done),
+    1 (failed), 2 (usage or configuration), 130 (interrupted)."""
     try:
         code = app(standalone_mode=False)
         if isinstance(code, int) and code:  # typer.Exit(n) returns n outside standalone mode

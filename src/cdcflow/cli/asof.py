@@ -82,8 +82,10 @@ def _declared_as_of(
     from cdcflow.cli.app import console
     from cdcflow.cli.tables import jsonable, print_rows
     from cdcflow.layers.asof import table_at_version, table_state_as_of
+    from cdcflow.layers.contract_replay import held_contracts
 
-    contracts = {c.name: c for c in cfg.contracts()}
+    # the contracts the tables hold: columns evolved from event fields included
+    contracts = {c.name: c for c in held_contracts(cfg)}
     if customer is not None:
         raise CdcflowError("--customer: the config declares tables; use --table and --key")
     if table is None and len(contracts) == 1:

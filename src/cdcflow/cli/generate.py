@@ -170,26 +170,66 @@ def tables_summary_table(
     return table
 
 
+def _landing_lines(out: Path) -> list[str]:
+    """Every record of the generator's landing files in ``out``, in landing order."""
+    from cdcflow.sources.files import content_lines
+
+    lines: list[str] = []
+    for path in sorted(out.glob("events-*.jsonl*")):
+        for _, data, _ in content_lines(str(path), path.read_bytes()):
+            if data is not None:
+                lines.append(data.decode("utf-8"))
+    return lines
+
+
 def _generate_tables(
     config: CdcflowConfig,
     out: Path,
     workload: TablesWorkload,
     expected: Path | None,
     expected_counts: Path | None,
+    resume: bool = False,
 ) -> None:
-    from cdcflow.table_generator import generate_tables
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from cdcflow.table_generator import generate_tables, load_state, save_state
 
     if expected is not None and expected.suffix:
         raise CdcflowError(
             f"--expected: with declared tables it is a folder (one <table>.parquet each), "
             f"got the file name {expected}"
         )
+    earlier = sorted(out.glob("events-*.jsonl*")) if out.is_dir() else []
+    source = None
+    if resume:
+        source, last_event, last_lsn, until = load_state(out)
+        now = datetime.now(UTC)
+        # the new changes follow the earlier ones: later event ids, LSNs and event times
+        span = max((now - until).total_seconds() / 3600 - 1 / 60, 1 / 3600)
+        workload = replace(
+            workload, first_event=last_event + 1, first_lsn=last_lsn, span_hours=span, now=now
+        )
+    elif earlier:
+        raise CdcflowError(
+            f"generate: {out} already holds {len(earlier)} landing file(s) of an earlier "
+            "workload; a new one would reuse its event ids and LSNs (quarantined as "
+            "DUPLICATE_EVENT_CONFLICT): add --continue to continue it, or use an empty folder "
+            "and a new lakehouse"
+        )
+    until = workload.now or datetime.now(UTC)
+    workload = replace(workload, now=until)
     with working("generate: writing landing files"):
-        summary = generate_tables(out, config.contracts(), workload)
+        summary = generate_tables(out, config.contracts(), workload, source)
+        save_state(out, summary, until)
     counts = None
     if expected is not None:
+        landed = summary
+        if resume:  # the expected state of everything landed, the earlier workloads' too
+            everything = _landing_lines(out)
+            landed = replace(summary, lines=everything, records=len(everything))
         with working("generate: computing the expected state"):
-            counts = write_tables_expected(summary, config, expected, expected_counts)
+            counts = write_tables_expected(landed, config, expected, expected_counts)
     table = tables_summary_table(summary, out, expected, counts)
     console.print(table, width=output_width(console))
 
@@ -241,12 +281,21 @@ def generate(
         typer.Option(help="Expected counts JSON (default: <expected stem>.counts.json)."),
     ] = None,
     delete_mode: Annotated[str, typer.Option(help="Delete mode of the expected state.")] = "soft",
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--continue",
+            help="With --config: continue the workload already in the landing folder (later "
+            "event ids, LSNs and times, the same keys); --expected covers everything landed.",
+        ),
+    ] = False,
 ) -> None:
     """Write realistic JSON-lines CDC event files (with duplicates, late and invalid records).
 
     Each call writes one self-contained workload (event ids from EVT-00000001, LSNs from the
     start): use an empty landing folder and a new lakehouse for each, since a second workload in
-    the same lakehouse reuses event ids (quarantined as DUPLICATE_EVENT_CONFLICT).
+    the same lakehouse reuses event ids (quarantined as DUPLICATE_EVENT_CONFLICT). With
+    --config (declared tables), --continue adds to the workload already in the landing folder.
     """
     if lsn_notation not in NOTATIONS:
         raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
@@ -273,8 +322,10 @@ def generate(
                 partial_rate=partial_rate,
                 gzip_every=gzip_every,
             )
-            _generate_tables(loaded, out, workload, expected, expected_counts)
+            _generate_tables(loaded, out, workload, expected, expected_counts, resume)
             return
+    if resume:
+        raise CdcflowError("--continue: only with --config declaring tables")
     out = out or Path("./landing")
     from cdcflow.generator import GeneratorConfig
     from cdcflow.generator import generate as write_events

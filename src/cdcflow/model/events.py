@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from cdcflow.model.contracts import CUSTOMERS
+
 
 class Operation(StrEnum):
     """Normalised CDC operation."""
@@ -39,15 +41,23 @@ OPERATION_ALIASES: dict[str, Operation] = {
     "D": Operation.DELETE,
 }
 
-#: Customer lifecycle statuses.
-STATUSES = ("ACTIVE", "INACTIVE", "SUSPENDED", "DELETED")
+#: The customers rules below are read from the shipped customers contract
+#: (:data:`cdcflow.model.contracts.CUSTOMERS`), not restated here.
+_STATUS = CUSTOMERS.column("status")
 
-#: Customer columns carried by INSERT/UPDATE payloads, each with its own sequence register in
+#: Customer lifecycle statuses (the contract's ``status`` allowed values: ACTIVE, INACTIVE,
+#: SUSPENDED, DELETED).
+STATUSES: tuple[str, ...] = tuple(str(v) for v in _STATUS.allowed_values or ())
+#: The reason of a status the contract does not allow (``INVALID_STATUS``).
+STATUS_REASON = _STATUS.reason
+
+#: Customer columns carried by INSERT/UPDATE payloads (the contract's non-key columns:
+#: customer_name, email, phone, city, country, status), each with its own sequence register in
 #: Silver. ``status`` is last. The bit ``1 << index`` marks the column present in a payload.
-ATTRIBUTES = ("customer_name", "email", "phone", "city", "country", "status")
+ATTRIBUTES: tuple[str, ...] = tuple(c.name for c in CUSTOMERS.attributes)
 ATTRIBUTE_BIT = {name: 1 << i for i, name in enumerate(ATTRIBUTES)}
-#: Attributes that may hold personal data and must never be logged.
-PII_ATTRIBUTES = ("customer_name", "email", "phone")
+#: Attributes that may hold personal data and must never be logged (the contract's ``pii``).
+PII_ATTRIBUTES: tuple[str, ...] = tuple(c.name for c in CUSTOMERS.attributes if c.pii)
 
 
 def sequence_of(

@@ -49,7 +49,14 @@ import orjson
 import re2
 
 from cdcflow.errors import ConfigError
-from cdcflow.model.events import ATTRIBUTES, OPERATION_ALIASES, STATUSES, CdcEvent, Operation
+from cdcflow.model.events import (
+    ATTRIBUTES,
+    OPERATION_ALIASES,
+    STATUS_REASON,
+    STATUSES,
+    CdcEvent,
+    Operation,
+)
 from cdcflow.model.lsn import LsnError, parse_lsn
 
 REASONS = (
@@ -78,6 +85,10 @@ _BOM = "\ufeff"
 #: The characters ``str.strip()`` removes (``str.isspace``): "trimming" in these rules means
 #: removing exactly these, in every engine.
 WHITESPACE = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+
+#: The detail of a status outside the contract's allowed values ("status is not ACTIVE,
+#: INACTIVE, SUSPENDED or DELETED").
+_STATUS_NOT_ALLOWED = f"status is not {', '.join(STATUSES[:-1])} or {STATUSES[-1]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,12 +546,10 @@ def validate_object(record: dict[str, Any], rules: RuleSet) -> CdcEvent | Reject
             status = record["status"]
             norm = status.strip().upper() if isinstance(status, str) else None
             if norm not in STATUSES:
-                return reject(
-                    "INVALID_STATUS", "status is not ACTIVE, INACTIVE, SUSPENDED or DELETED"
-                )
+                return reject(STATUS_REASON, _STATUS_NOT_ALLOWED)
             values["status"] = norm
         elif operation is Operation.INSERT:
-            return reject("INVALID_STATUS", "an INSERT must carry a status")
+            return reject(STATUS_REASON, "an INSERT must carry a status")
 
     checked = ("event_id",) if operation is Operation.DELETE else (*ATTRIBUTES, "event_id")
     structured = [name for name in checked if isinstance(record.get(name), dict | list)]

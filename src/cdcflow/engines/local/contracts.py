@@ -536,9 +536,9 @@ def evolution(
     for name in sorted(values):
         kind = infer_type(values[name])
         if not _COLUMN_NAME.match(name) or name in reserved or name.startswith("_cdc_"):
-            log.warning(
+            log.warning(  # a field's name, never its value
                 "event field not evolved into a column: not a usable column name",
-                extra={"table": contract.name, "batch": batch_id},
+                extra={"table": contract.name, "batch": batch_id, "field": name},
             )
             continue
         added.append(ColumnSpec(name=name, type=kind))
@@ -573,7 +573,7 @@ def _tx_id(record: dict[str, Any]) -> Any:
     return metadata.get("tx_id") if isinstance(metadata, dict) else None
 
 
-def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract]]:
+def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract], list[str]]:
     """The declared tables' lakehouse, ready for a run of either engine.
 
     Checks every declared contract against ``audit/schema_log`` (the drift stop raises before
@@ -585,7 +585,9 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract]]
 
     Returns:
         (the store of every table of the pipeline, the contracts in declared order, with the
-        columns earlier runs evolved from event fields).
+        columns earlier runs evolved from event fields, the changes recorded now: one
+        ``table <name>: <change>`` line each, e.g. ``table accounts: added column tier
+        (string)``).
 
     Raises:
         ConfigError: two tables write the same Delta table.
@@ -616,8 +618,7 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract]]
             store.ensure(spec)
     for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG):
         store.ensure(spec)
-    evolve_tables(store, evolutions)
-    return store, contracts
+    return store, contracts, evolve_tables(store, evolutions)
 
 
 def schema_changes(
@@ -644,12 +645,20 @@ def schema_changes(
     return out
 
 
-def evolve_tables(store: DeltaStore, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
+def evolve_tables(
+    store: DeltaStore, evolutions: list[tuple[TableContract, list[Change]]]
+) -> list[str]:
     """Apply the compatible changes (new nullable columns, widened types) and record every
     change in ``audit/schema_log`` (after its tables: a crash in between applies it again,
-    idempotently)."""
+    idempotently).
+
+    Returns:
+        One ``table <name>: <change>`` line per change recorded (``created (contract v1)``
+        for a new table).
+    """
     now = utc_now()
     rows = []
+    lines: list[str] = []
     for contract, changes in evolutions:
         for change in changes:
             specs = {spec.name: spec for spec in vars(contract_tables(contract)).values()}
@@ -675,12 +684,17 @@ def evolve_tables(store: DeltaStore, evolutions: list[tuple[TableContract, list[
             )
             about = {"table": contract.name, "version": contract.version}
             log.info("table contract recorded", extra={**about, "change": change.text})
+            text = change.text
+            if text == "created":
+                text = f"created (contract v{contract.version})"
+            lines.append(f"table {contract.name}: {text}")
     if rows:
         write_deltalake(
             store.table(SCHEMA_LOG),
             pa.Table.from_pylist(rows, schema=SCHEMA_LOG.schema),
             mode="append",
         )
+    return lines
 
 
 class LocalContractsEngine:
@@ -693,14 +707,16 @@ class LocalContractsEngine:
     def __init__(self, config: CdcflowConfig) -> None:
         self.config = config
         self.app_id = f"cdcflow-{config.pipeline.name}"
-        self.store, contracts = open_tables(config)
+        self.store, contracts, changes = open_tables(config)
+        #: the contract changes this run recorded (``table <name>: <change>``), for the CLI
+        self.schema_changes: list[str] = changes
         self.tables = {
             c.name: ContractTable(c, self.store, self.app_id, config, self._evolve)
             for c in contracts
         }
 
     def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
-        evolve_tables(self.store, evolutions)
+        self.schema_changes += evolve_tables(self.store, evolutions)
 
     def _route(
         self, offsets: BatchOffsets

@@ -54,13 +54,18 @@ from cdcflow.engines.local.contracts import (
     known_fields,
     open_tables,
 )
-from cdcflow.engines.spark.engine import SparkEngine, check_source, classify
+from cdcflow.engines.spark.engine import (
+    SparkEngine,
+    check_source,
+    classify,
+    count_classes,
+    quarantine_frame,
+)
 from cdcflow.layers.contract_tables import ContractTables, contract_tables
 from cdcflow.layers.schema_log import infer_type
 from cdcflow.layers.tables import BATCH_LOG, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
-from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
@@ -76,7 +81,6 @@ if TYPE_CHECKING:
 
 log = get_logger("engine.spark.tables")
 
-_CONFLICT_DETAIL = "event_id already received with different content"
 #: Columns of one line of a landing file, as every step reads them.
 LINE_FIELDS = [
     pa.field("source_file", pa.string()),
@@ -285,7 +289,9 @@ class SparkContractsEngine(SparkEngine):
 
     def __init__(self, config: CdcflowConfig) -> None:
         check_source(config)
-        self.store, self.contracts = open_tables(config)
+        self.store, self.contracts, changes = open_tables(config)
+        #: the contract changes this run recorded (``table <name>: <change>``), for the CLI
+        self.schema_changes: list[str] = changes
         self._modes = ",".join(sorted({c.delete_mode for c in self.contracts}))
         self._start(config)
 
@@ -407,7 +413,7 @@ class SparkContractsEngine(SparkEngine):
             evolved = evolution(contract, values, batch_id)
             if evolved is None:
                 continue
-            evolve_tables(self.store, [evolved])
+            self.schema_changes += evolve_tables(self.store, [evolved])
             self.contracts[i] = evolved[0]
             for spec in vars(contract_tables(contract)).values():
                 self._schemas.pop(spec.name, None)  # its Delta schema changed
@@ -454,29 +460,7 @@ class SparkContractsEngine(SparkEngine):
             StorageLevel.MEMORY_AND_DISK
         )
         self._cached.append(classified)
-        counts = (
-            classified.agg(
-                F.count("*").alias("candidates"),
-                F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
-                F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
-                *[
-                    F.count(
-                        F.when((F.col("_class") == "first") & (F.col("operation") == op.value), 1)
-                    ).alias(op.value)
-                    for op in Operation
-                ],
-            )
-            .crossJoin(records.agg(F.count("*").alias("received")))
-            .first()
-        )
-        assert counts is not None
-        report.records_received = counts["received"]
-        report.accepted = counts["candidates"] - counts["conflicts"]
-        report.quarantined = report.records_received - report.accepted
-        report.duplicates = counts["duplicates"]
-        report.inserts = counts[Operation.INSERT.value]
-        report.updates = counts[Operation.UPDATE.value]
-        report.deletes = counts[Operation.DELETE.value]
+        count_classes(classified, records, report)
 
         pt = F.lit(offsets.processing_time).cast("timestamp")
         bronze_names = tables.bronze.schema.names
@@ -493,27 +477,19 @@ class SparkContractsEngine(SparkEngine):
         if report.accepted:
             self._append(bronze, tables.bronze, batch_id)
         crash_point("after_bronze", batch_id)
-        quarantine_keys = [F.col(f"_q_{k}").alias(k) for k in contract.keys]
         rejected = records.filter(~F.col("ok")).select(
-            *LINE_COLUMNS, "failure_reason", "failure_detail", "event_id", *quarantine_keys
-        )
-        conflicts = classified.filter(F.col("_class") == "conflict").select(
             *LINE_COLUMNS,
-            F.lit("DUPLICATE_EVENT_CONFLICT").alias("failure_reason"),
-            F.lit(_CONFLICT_DETAIL).alias("failure_detail"),
-            "event_id",
-            *quarantine_keys,
-        )
-        quarantine = rejected.unionByName(conflicts).select(
-            F.lit(batch_id).alias("batch_id"),
-            pt.alias("quarantined_at"),
-            "source_file",
-            "source_line",
             F.col("raw").alias("raw_line"),
             "failure_reason",
             "failure_detail",
             "event_id",
-            *contract.keys,
+            *[F.col(f"_q_{k}").alias(k) for k in contract.keys],
+        )
+        conflicting = classified.drop(*contract.keys)
+        for key in contract.keys:  # a conflict's key as quarantine text
+            conflicting = conflicting.withColumnRenamed(f"_q_{key}", key)
+        quarantine = quarantine_frame(
+            rejected, conflicting, batch_id, offsets.processing_time, list(contract.keys)
         )
         if report.quarantined:
             self._append(quarantine, tables.quarantine, batch_id)

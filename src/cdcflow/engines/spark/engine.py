@@ -411,63 +411,11 @@ class SparkEngine:
                 *BRONZE.schema.names[6:-1],
                 (F.col("_class") == "duplicate").alias("is_duplicate"),
             )
-            rejected = records.filter(~F.col("ok")).select(
-                "source_file",
-                "source_line",
-                "raw",
-                "failure_reason",
-                "failure_detail",
-                "event_id",
-                "customer_id",
+            rejected = records.filter(~F.col("ok")).withColumnRenamed("raw", "raw_line")
+            quarantine = quarantine_frame(
+                rejected, classified, batch_id, processing_time, ["customer_id"]
             )
-            conflicts = classified.filter(F.col("_class") == "conflict").select(
-                "source_file",
-                "source_line",
-                "raw",
-                F.lit("DUPLICATE_EVENT_CONFLICT").alias("failure_reason"),
-                F.lit(_CONFLICT_DETAIL).alias("failure_detail"),
-                "event_id",
-                "customer_id",
-            )
-            quarantine = rejected.unionByName(conflicts).select(
-                F.lit(batch_id).alias("batch_id"),
-                pt.alias("quarantined_at"),
-                "source_file",
-                "source_line",
-                F.col("raw").alias("raw_line"),
-                "failure_reason",
-                "failure_detail",
-                "event_id",
-                "customer_id",
-            )
-            # one job: the classified rows' counts beside the number of records received
-            counts = (
-                classified.agg(
-                    F.count("*").alias("candidates"),
-                    F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
-                    F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
-                    *[
-                        F.count(
-                            F.when((F.col("_class") == "first") & (F.col("operation") == op), 1)
-                        ).alias(op)
-                        for op in ("INSERT", "UPDATE", "DELETE")
-                    ],
-                )
-                .crossJoin(records.agg(F.count("*").alias("received")))
-                .first()
-            )
-            assert counts is not None
-            received = counts["received"]
-        report.records_received = received
-        report.accepted = counts["candidates"] - counts["conflicts"]
-        report.quarantined = received - report.accepted
-        report.duplicates = counts["duplicates"]
-        report.inserts, report.updates, report.deletes = (
-            counts["INSERT"],
-            counts["UPDATE"],
-            counts["DELETE"],
-        )
-
+            count_classes(classified, records, report)
         with stage("bronze"):
             if report.accepted:
                 self._append(bronze, BRONZE, batch_id)
@@ -848,6 +796,88 @@ def classify(candidates: DataFrame, bronze: DataFrame, batch_id: int) -> DataFra
         .when(F.col("content_hash") == known, F.lit("duplicate"))
         .otherwise(F.lit("conflict")),
     )
+
+
+def quarantine_frame(
+    rejected: DataFrame,
+    classified: DataFrame,
+    batch_id: int,
+    processing_time: datetime,
+    keys: list[str],
+) -> DataFrame:
+    """A micro-batch's quarantine rows: the rejected records and the duplicate conflicts.
+
+    Args:
+        rejected: records the rules rejected: source_file, source_line, raw_line,
+            failure_reason, failure_detail, event_id and ``keys`` (as text).
+        classified: the valid records with ``_class`` (:func:`classify`): the ``conflict``
+            ones become ``DUPLICATE_EVENT_CONFLICT`` rows (their ``raw`` as raw_line).
+        batch_id: the micro-batch.
+        processing_time: its processing time (``quarantined_at``).
+        keys: the key columns the quarantine table holds.
+
+    Returns:
+        One row per quarantined record: batch_id, quarantined_at, source_file, source_line,
+        raw_line, failure_reason, failure_detail, event_id, ``keys``.
+    """
+    from pyspark.sql import functions as F
+
+    conflicts = classified.filter(F.col("_class") == "conflict").select(
+        "source_file",
+        "source_line",
+        F.col("raw").alias("raw_line"),
+        F.lit("DUPLICATE_EVENT_CONFLICT").alias("failure_reason"),
+        F.lit(_CONFLICT_DETAIL).alias("failure_detail"),
+        "event_id",
+        *keys,
+    )
+    columns = ["source_file", "source_line", "raw_line", "failure_reason", "failure_detail"]
+    return (
+        rejected.select(*columns, "event_id", *keys)
+        .unionByName(conflicts)
+        .select(
+            F.lit(batch_id).alias("batch_id"),
+            F.lit(processing_time).cast("timestamp").alias("quarantined_at"),
+            *columns,
+            "event_id",
+            *keys,
+        )
+    )
+
+
+def count_classes(classified: DataFrame, records: DataFrame, report: Any) -> None:
+    """Fill ``report``'s records_received, accepted, quarantined, duplicates, inserts, updates
+    and deletes from the classified valid records and all records, in one job.
+
+    Args:
+        classified: the valid records with ``_class`` (:func:`classify`) and ``operation``.
+        records: every record of the micro-batch (valid or not).
+        report: a :class:`~cdcflow.report.BatchReport` or a table's report (same fields).
+    """
+    from pyspark.sql import functions as F
+
+    first = F.col("_class") == "first"
+    counts = (
+        classified.agg(
+            F.count("*").alias("candidates"),
+            F.count(F.when(F.col("_class") == "duplicate", 1)).alias("duplicates"),
+            F.count(F.when(F.col("_class") == "conflict", 1)).alias("conflicts"),
+            *[
+                F.count(F.when(first & (F.col("operation") == op), 1)).alias(op)
+                for op in ("INSERT", "UPDATE", "DELETE")
+            ],
+        )
+        .crossJoin(records.agg(F.count("*").alias("received")))
+        .first()
+    )
+    assert counts is not None
+    report.records_received = counts["received"]
+    report.accepted = counts["candidates"] - counts["conflicts"]
+    report.quarantined = report.records_received - report.accepted
+    report.duplicates = counts["duplicates"]
+    report.inserts = counts["INSERT"]
+    report.updates = counts["UPDATE"]
+    report.deletes = counts["DELETE"]
 
 
 def _ns(modified: Any) -> int:

@@ -30,7 +30,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from cdcflow.errors import ConfigError
-from cdcflow.model.events import ATTRIBUTE_BIT, ATTRIBUTES, OPERATION_ALIASES, STATUSES
+from cdcflow.model.events import (
+    ATTRIBUTE_BIT,
+    ATTRIBUTES,
+    OPERATION_ALIASES,
+    STATUS_REASON,
+    STATUSES,
+)
 from cdcflow.model.lsn import DECIMAL_PATTERN, LSN_KEY_WIDTH, MSSQL_PATTERN, PG_PATTERN
 from cdcflow.plan.rules import WHITESPACE
 
@@ -512,7 +518,7 @@ def validate_lines(
             & F.when(status.missing, operation == "INSERT").otherwise(
                 ~status.is_string | ~norm_status.isin(*STATUSES)
             ),
-            _lit("INVALID_STATUS"),
+            _lit(STATUS_REASON),
         )
         .when(shape_error, _lit("SCHEMA_MISMATCH"))
     )
