@@ -78,7 +78,11 @@ def delta_jars(jars_dir: str) -> list[str]:
     folder = Path(jars_dir).resolve()
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not any(Path(j).name.startswith("delta-spark_") for j in jars):
-        raise MissingDependencyError(f"no Delta jars in {folder}: {INSTALL_HINT}")
+        raise MissingDependencyError(
+            f"no Delta jars in {folder} (spark.jars_dir, relative to the current folder): run "
+            "`make spark-jars` in the cdcflow checkout, or set spark.jars_dir to its "
+            ".spark-jars folder"
+        )
     return jars
 
 
