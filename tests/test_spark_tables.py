@@ -40,7 +40,9 @@ pytestmark = pytest.mark.spark
 CUSTOMERS_TABLE = CUSTOMERS.model_dump(mode="json", exclude_defaults=True)
 
 
-def three_tables(root: Path, mode: str, engine: str, max_files: int = 2) -> CdcflowConfig:
+def three_tables(
+    root: Path, mode: str, engine: str, max_files: int = 2, spark_conf: dict[str, str] | None = None
+) -> CdcflowConfig:
     """A config declaring customers, accounts and order_lines in ``mode`` on ``engine``;
     accounts evolves unknown event fields into columns (``unknown_fields: evolve``)."""
     tables = [{**t, "delete_mode": mode} for t in (CUSTOMERS_TABLE, *TABLES)]
@@ -52,6 +54,8 @@ def three_tables(root: Path, mode: str, engine: str, max_files: int = 2) -> Cdcf
         "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "shop")},
         "tables": tables,
     }
+    if spark_conf:
+        raw["spark"] = {"conf": spark_conf}
     root.mkdir(parents=True, exist_ok=True)
     (root / "landing").mkdir(exist_ok=True)
     path = root / "cdcflow.yaml"
@@ -189,3 +193,29 @@ def test_engines_take_turns_over_declared_tables(spark: Any, tmp_path: Path) -> 
     cut = [files[:1], files[1:2], files[2:4], files[4:]]
     alone = run_stages(tmp_path / "alone", "hard", [("local", f) for f in cut], 2)
     assert_same_tables(config, alone, [line for lines in files for line in lines])
+
+
+@pytest.mark.slow
+def test_spark_killed_inside_a_batch_of_declared_tables_recovers(tmp_path: Path) -> None:
+    """A real SIGKILL of a child ``cdcflow run`` (engine spark) in the middle micro-batch: after
+    the first table's Silver MERGE, then (restarted) after the first table's outcomes — the
+    other tables' commits of the batch not written yet — then a restart to the end: every
+    table equals an uninterrupted local run of the same files (Spark re-runs the micro-batch
+    from its own checkpoint; each table's commits already written are skipped by their app
+    transaction)."""
+    from cdcflow.state.faults import CRASH_EXIT_CODE
+    from tests.crashkit import run_cli
+    from tests.test_crash_spark import CHILD_SPARK_CONF
+
+    files = workload(seed=5)[:3]
+    alone = run_stages(tmp_path / "alone", "hard", [("local", files)], 1)
+    config = three_tables(tmp_path / "killed", "hard", "spark", 1, CHILD_SPARK_CONF)
+    write_files(config, files)
+    for point in ("after_silver_merge", "after_outcomes"):
+        crashed = run_cli(Path(config.file), crash=f"{point}@1", timeout=900)
+        assert crashed.returncode == CRASH_EXIT_CODE, (point, crashed.stderr[-3000:])
+    done = run_cli(Path(config.file), timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_tables(config, alone, [line for lines in files for line in lines])
+    batches = sorted(r["batch_id"] for r in rows(config, "audit/batch_log"))
+    assert batches == [0, 1, 2]  # each micro-batch logged once
