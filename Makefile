@@ -10,7 +10,7 @@ export PATH := $(HOME)/.local/bin:$(PATH)
 # PYTEST_ARGS= runs in one process.
 PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
-.PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation
+.PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation peers
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -41,6 +41,12 @@ unit: bootstrap spark-jars
 	bash scripts/with-services.sh uv run pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck unit
+
+# cdcflow against a DuckDB MERGE loop and a dlt merge pipeline on one data set (bench/peers.py,
+# docs/performance.md); dlt is fetched for this run only. A benchmark: neither `make test` nor CI.
+# make peers ARGS="--events 200000 --customers 20000"
+peers: bootstrap
+	uv run --with 'dlt[duckdb]' python bench/peers.py $(ARGS)
 
 # mutation testing (mutmut, [tool.mutmut] in pyproject.toml, docs/mutation.md) of plan/, model/
 # and the local fold against the fast unit tests; slow (tens of minutes), so neither part of

@@ -107,7 +107,7 @@ def adapt(command: str) -> tuple[str, str]:
     bare = without_comment(command)
     if bare == "make test":
         return "skip-self", bare
-    if re.search(r"bench/bench_\w+\.py", bare):
+    if re.search(r"bench/(bench_\w+|peers)\.py", bare):
         for flag, value in SMALL_BENCH.items():
             if re.search(rf"{flag}\s+\d+", bare):
                 bare = re.sub(rf"{flag}\s+\d+", f"{flag} {value}", bare)
