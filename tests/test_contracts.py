@@ -55,6 +55,12 @@ from tests.test_property import streams
         ("2025-05-12T10:00:00+05:30", "timestamp", datetime(2025, 5, 12, 4, 30, tzinfo=UTC)),
         (1747044000000, "timestamp", datetime(2025, 5, 12, 10, 0, tzinfo=UTC)),
         ({"b": [1, 2], "a": None}, "json", '{"a":null,"b":[1,2]}'),
+        # a number stays a number inside JSON, with its exact text (not "2.50", a string)
+        (
+            {"x": JsonNumber("2.50"), "y": [1, JsonNumber("1e3")], "é": "s"},
+            "json",
+            '{"x":2.50,"y":[1,1e3],"é":"s"}',
+        ),
         (None, "integer", None),
     ],
 )

@@ -792,3 +792,29 @@ def test_as_of_reads_a_declared_table_at_an_instant_or_a_version(tmp_path: Path)
     assert shown.returncode == 0 and json.loads(shown.stdout)[0]["quantity"] == 1
     bad = forkrun.run([*base, "--key", "line_no=two", "--version", "1"], env, REPO, 120)
     assert bad.returncode == 2 and "line_no is not a value of type integer" in bad.stderr
+
+
+def test_evolution_skips_names_a_delta_table_cannot_hold_twice() -> None:
+    """``unknown_fields: evolve``: a field equal to a column but for case, a second field
+    equal to another but for case, or a system column's name stays in the raw payload (Delta
+    column names are case-insensitive: such a column would stop every later micro-batch)."""
+    from cdcflow.engines.local.contracts import evolution
+
+    contract = TableContract(
+        name="people",
+        keys=["pid"],
+        columns=[{"name": "pid", "type": "integer"}, {"name": "email", "type": "string"}],
+    )
+    values = {"Email": ["b@x"], "Nick": ["n"], "nick": ["m"], "OK": [True], "_x": [1], "age": [3]}
+    evolved = evolution(contract, values, 0)
+    assert evolved is not None
+    assert [(c.name, c.type) for c in evolved[0].columns] == [
+        ("pid", "integer"),
+        ("email", "string"),
+        ("Nick", "string"),
+        ("age", "integer"),
+    ]
+    with pytest.raises(ValueError, match="column ok: a name cdcflow's own columns use"):
+        TableContract(
+            name="t", keys=["k"], columns=[{"name": "k", "type": "integer"}, {"name": "ok"}]
+        )

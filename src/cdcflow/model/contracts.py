@@ -91,6 +91,27 @@ def _json_number_text(value: Any) -> str | None:
     return None
 
 
+def canonical_json(value: Any) -> str:
+    """The canonical JSON text of a parsed JSON value (a ``json`` column's stored value).
+
+    Keys sorted, no spaces, non-ASCII kept; a number with a fraction or exponent that the
+    parser kept as its exact text (``JsonNumber``) is written as that number (``2.50``), not
+    as a string.
+    """
+    number = _json_number_text(value)
+    if number is not None:
+        return number
+    if isinstance(value, dict):
+        items = (
+            json.dumps(str(k), ensure_ascii=False) + ":" + canonical_json(value[k])
+            for k in sorted(value)
+        )
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(canonical_json(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def coerce(value: Any, type_text: str) -> Any:
     """Convert a parsed JSON value to the stored value of a column of type ``type_text``.
 
@@ -117,7 +138,7 @@ def coerce(value: Any, type_text: str) -> Any:
         if number is not None:
             return number
     elif kind == "json":
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return canonical_json(value)
     elif kind == "integer":
         parsed: int | None = None
         if isinstance(value, int) and not isinstance(value, bool):
@@ -260,6 +281,33 @@ class ColumnSpec(_Strict):
         return self.source or self.name
 
 
+#: Column names of the tables cdcflow keeps beside a contract's own columns (Bronze, quarantine,
+#: Silver, tombstones, history, outcomes) and of its engines' intermediate frames: a declared
+#: or evolved column may not take one (compared case-insensitively, as Delta does), nor a name
+#: starting with ``_`` (``_cdc_`` registers and the engines' working columns).
+SYSTEM_COLUMNS = frozenset(
+    {
+        # Bronze
+        "batch_id", "ingested_at", "ingestion_date", "source_file", "source_line",
+        "raw_payload", "event_id", "operation", "event_timestamp", "present_mask",
+        "source_table", "lsn", "lsn_key", "tx_id", "sequence", "content_hash", "is_duplicate",
+        # quarantine
+        "quarantined_at", "raw_line", "failure_reason", "failure_detail",
+        # Silver, tombstones, history, outcomes
+        "is_deleted", "is_active", "created_at", "last_updated_at", "deleted_at",
+        "last_event_id", "last_operation", "last_lsn", "tombstoned_at", "valid_from",
+        "valid_to", "is_current", "outcome", "is_late", "lag_s",
+        # the Spark engine's record frames
+        "ok", "raw", "file_name", "file_mtime_ms", "table_name", "unknown_kinds",
+    }
+)  # fmt: skip
+
+
+def is_system_column(name: str) -> bool:
+    """True for a name a contract's column may not take (:data:`SYSTEM_COLUMNS`, or ``_…``)."""
+    return name.startswith("_") or name.lower() in SYSTEM_COLUMNS
+
+
 class TableNames(_Strict):
     """Delta table paths (under ``storage.root``) and the Snowflake table of one contract.
 
@@ -319,9 +367,16 @@ class TableContract(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> TableContract:
         names = [c.name for c in self.columns]
-        duplicated = sorted({n for n in names if names.count(n) > 1})
+        folded = [n.lower() for n in names]  # Delta column names are case-insensitive
+        duplicated = sorted({n for n in names if folded.count(n.lower()) > 1})
         if duplicated:
             raise ValueError(f"columns declared twice: {', '.join(duplicated)}")
+        system = sorted(n for n in names if is_system_column(n))
+        if system:
+            raise ValueError(
+                f"column {', '.join(system)}: a name cdcflow's own columns use (or starting "
+                f"with _): name the column otherwise and read it with source: {system[0]}"
+            )
         missing = [k for k in self.keys if k not in names]
         if missing:
             raise ValueError(f"key column(s) not declared in columns: {', '.join(missing)}")
@@ -497,6 +552,7 @@ def normalise(spec: ColumnSpec, stored: Any) -> Any:
 __all__ = [
     "CONSTRAINT_RULES",
     "CUSTOMERS",
+    "SYSTEM_COLUMNS",
     "ColumnSpec",
     "TableContract",
     "TableNames",
@@ -505,6 +561,7 @@ __all__ = [
     "coerce",
     "compile_re2",
     "constraint_violations",
+    "is_system_column",
     "normalise",
     "parse_type",
 ]

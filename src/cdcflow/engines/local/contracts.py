@@ -92,7 +92,7 @@ from cdcflow.layers.schema_log import (
 )
 from cdcflow.layers.tables import BATCH_LOG, QUARANTINE, TableSpec
 from cdcflow.logs import get_logger
-from cdcflow.model.contracts import ColumnSpec, TableContract
+from cdcflow.model.contracts import ColumnSpec, TableContract, is_system_column
 from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import ENVELOPE, ChangeEvent, ContractValidator, route_name
@@ -531,16 +531,20 @@ def evolution(
         ``present_mask`` has room (31 or 62 non-key columns); the others are logged and stay
         in the raw payload only.
     """
-    reserved = reserved_names(contract)
+    reserved = {n.lower() for n in reserved_names(contract)}
+    taken = {c.name.lower() for c in contract.columns}  # Delta names are case-insensitive
     added: list[ColumnSpec] = []
     for name in sorted(values):
         kind = infer_type(values[name])
-        if not _COLUMN_NAME.match(name) or name in reserved or name.startswith("_cdc_"):
+        usable = _COLUMN_NAME.match(name) and not is_system_column(name)
+        if not usable or name.lower() in reserved or name.lower() in taken:
             log.warning(  # a field's name, never its value
-                "event field not evolved into a column: not a usable column name",
+                "event field not evolved into a column: not a usable column name (a system "
+                "column's, or a column's but for case)",
                 extra={"table": contract.name, "batch": batch_id, "field": name},
             )
             continue
+        taken.add(name.lower())
         added.append(ColumnSpec(name=name, type=kind))
     room = (31 if len(contract.attributes) <= 31 else 62) - len(contract.attributes)
     if len(added) > room:  # present_mask's width is fixed when Bronze is created
