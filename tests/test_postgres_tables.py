@@ -66,13 +66,19 @@ DDL = [
 class PgTables:
     """A fresh database with the tables and a pipeline of both declared tables streaming it."""
 
-    def __init__(self, root: Path, server: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        server: str,
+        tables: list[dict[str, Any]] = TABLES,
+        ddl: list[str] = DDL,
+    ) -> None:
         self.dbname = f"t_{uuid.uuid4().hex[:12]}"
         self.server = server
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{self.dbname}"')
         self.dsn = server.rsplit("/", 1)[0] + f"/{self.dbname}"
-        self.sql(*DDL)
+        self.sql(*ddl)
         raw = {
             "pipeline": {"name": "pgshop"},
             "storage": {"root": str(root / "lake")},
@@ -82,7 +88,7 @@ class PgTables:
                 "postgres": {"dsn": self.dsn, "slot_name": f"s_{self.dbname}"},
             },
             "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "pgshop")},
-            "tables": TABLES,
+            "tables": tables,
         }
         root.mkdir(parents=True, exist_ok=True)
         (root / "cdcflow.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -205,3 +211,56 @@ def test_declared_tables_stream_from_one_slot(pgt: PgTables) -> None:
     truncated = [r for r in quarantined if '"TRUNCATE"' in r["raw_line"]]
     assert [r["failure_reason"] for r in truncated] == ["NULL_ORDER_ID"]
     assert silver(pgt.config, contract_of(pgt.config, "order_lines")) == lines
+
+
+def test_the_slot_streams_only_what_it_can_stream_exactly(pg_server: str, tmp_path: Path) -> None:
+    """A declared table must exist in ``source.postgres.schema_name`` and carry its key in its
+    replica identity, else the run refuses in one line; a table of the same name in another
+    schema is not read; a key-changing UPDATE under REPLICA IDENTITY FULL keeps an unchanged
+    TOASTed value (wal2json sends it only in the old row)."""
+    from cdcflow.sources.postgres import PostgresSourceError
+
+    big = {"name": "docs", "keys": ["id"], "columns": [
+        {"name": "id", "type": "integer"}, {"name": "note", "type": "string"},
+        {"name": "body", "type": "string"},
+    ]}  # fmt: skip
+    ddl = [
+        *DDL,
+        "CREATE TABLE docs (id int PRIMARY KEY, note text, body text)",
+        "ALTER TABLE docs REPLICA IDENTITY FULL",
+        "CREATE SCHEMA other",
+        "CREATE TABLE other.order_lines (order_id text, line_no int, quantity int,"
+        " PRIMARY KEY (order_id, line_no))",
+    ]
+    lake = PgTables(tmp_path / "ok", pg_server, [*TABLES, big], ddl)
+    try:
+        assert lake.run() == []
+        lake.sql(
+            "INSERT INTO docs SELECT 1, 'n', string_agg(md5(g::text), '')"
+            " FROM generate_series(1, 400) g",
+            "INSERT INTO other.order_lines VALUES ('X', 9, 555)",
+            "INSERT INTO order_lines VALUES ('X', 9, 4)",
+        )
+        lake.run()
+        lake.sql("UPDATE docs SET id = 2 WHERE id = 1")  # the TOASTed body is unchanged
+        lake.run()
+        docs = silver(lake.config, contract_of(lake.config, "docs"))
+        live = {k: r for k, r in docs.items() if not r["is_deleted"]}
+        assert list(live) == [(2,)] and len(live[(2,)]["body"]) == 12800
+        lines = silver(lake.config, contract_of(lake.config, "order_lines"))
+        assert {k: r["quantity"] for k, r in lines.items()} == {("X", 9): 4}  # public's only
+    finally:
+        lake.drop()
+
+    nopk = {"name": "nopk", "keys": ["k"], "columns": [{"name": "k", "type": "integer"}]}
+    for name, extra, message in (
+        ("nopk", ["CREATE TABLE nopk (k int, v text)"], "has no replica identity for its key"),
+        ("missing", [], "declared table nopk does not exist in schema public"),
+    ):
+        lake = PgTables(tmp_path / name, pg_server, [*TABLES, nopk], [*DDL, *extra])
+        try:
+            with pytest.raises(PostgresSourceError, match=message) as caught:
+                lake.run()
+            assert "\n" not in str(caught.value)
+        finally:
+            lake.drop()

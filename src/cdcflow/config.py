@@ -103,7 +103,8 @@ class PostgresSourceSection(_Section):
     with ``plugin`` when missing); ``table``: ``schema.table`` whose changes are streamed;
     ``key_column``: its primary-key column holding the customer_id (both for the customers
     table; with a ``tables:`` section the slot streams every declared table, named like its
-    contract, in any schema: docs/postgres.md); ``max_changes_per_batch``:
+    contract, from the schema ``schema_name`` (default ``public``; ``*``: any schema):
+    docs/postgres.md); ``max_changes_per_batch``:
     upper bound on decoded rows staged per micro-batch (whole transactions are always kept).
     """
 
@@ -119,6 +120,7 @@ class PostgresSourceSection(_Section):
         default="public.customers", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$"
     )
     key_column: str = Field(default="customer_id", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    schema_name: str = Field(default="public", pattern=r"^(\*|[A-Za-z_][A-Za-z0-9_]*)$")
     plugin: Literal["wal2json"] = "wal2json"
     max_changes_per_batch: int = Field(default=10000, ge=1)
 

@@ -181,6 +181,53 @@ def ensure_slot(conn: Any, settings: PostgresSourceSection) -> int:
     return parse_lsn(confirmed)
 
 
+def check_tables(
+    conn: Any, settings: PostgresSourceSection, tables: dict[str, tuple[str, ...]]
+) -> None:
+    """Refuse declared tables the slot cannot stream exactly.
+
+    Each declared table must exist in ``settings.schema_name`` (``*``: in exactly one
+    schema), and its replica identity must carry its key: a primary key under ``REPLICA
+    IDENTITY DEFAULT``, or ``FULL`` / ``USING INDEX`` — without one, PostgreSQL writes an UPDATE's
+    or DELETE's old row without its key, and wal2json sends no key for it.
+
+    Raises:
+        PostgresSourceError: a table is missing, in several schemas, or without identity.
+    """
+    schema = settings.schema_name
+    rows = conn.execute(
+        "SELECT n.nspname, c.relname, c.relreplident, EXISTS (SELECT 1 FROM pg_index i "
+        "WHERE i.indrelid = c.oid AND i.indisprimary) FROM pg_class c JOIN pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND c.relname = ANY(%s) "
+        "AND (%s = '*' OR n.nspname = %s)",
+        (list(tables), schema, schema),
+    ).fetchall()
+    found: dict[str, list[tuple[str, str, bool]]] = {}
+    for nspname, relname, identity, has_pk in rows:
+        found.setdefault(relname, []).append((nspname, identity, has_pk))
+    for name in tables:
+        where = found.get(name, [])
+        if not where:
+            raise PostgresSourceError(
+                f"source.postgres: declared table {name} does not exist in schema {schema} of "
+                "the source database (a contract's name is its PostgreSQL table's name)"
+            )
+        if len(where) > 1:
+            schemas = ", ".join(sorted(w[0] for w in where))
+            raise PostgresSourceError(
+                f"source.postgres: declared table {name} exists in several schemas ({schemas}): "
+                "set source.postgres.schema_name to one of them"
+            )
+        nspname, identity, has_pk = where[0]
+        if identity == "n" or (identity == "d" and not has_pk):
+            raise PostgresSourceError(
+                f"source.postgres: table {nspname}.{name} has no replica identity for its key "
+                "(no primary key under REPLICA IDENTITY DEFAULT): its UPDATEs and DELETEs would "
+                f"reach cdcflow without a key; add a primary key or run ALTER TABLE "
+                f"{nspname}.{name} REPLICA IDENTITY FULL"
+            )
+
+
 def confirmed_lsn(conn: Any, slot_name: str) -> int:
     """The slot's confirmed position (``confirmed_flush_lsn``), numeric.
 
@@ -209,9 +256,11 @@ def peek(
         settings: the source's settings (slot; ``table`` and ``key_column`` for customers).
         max_changes: upper bound on decoded rows (whole transactions are kept).
         tables: declared tables: PostgreSQL table name → key columns; the slot's changes of
-            each such table (in any schema) are decoded instead of ``settings.table``'s.
+            each such table (in ``settings.schema_name``) are decoded instead of
+            ``settings.table``'s.
     """
-    filter_ = settings.table if tables is None else ",".join(f"*.{t}" for t in tables)
+    schema = settings.schema_name
+    filter_ = settings.table if tables is None else ",".join(f"{schema}.{t}" for t in tables)
     options = wal2json_options(filter_)
     placeholders = ", ".join(["%s"] * len(options))
     rows = conn.execute(
@@ -301,6 +350,7 @@ class PostgresSource:
         #: declared tables: PostgreSQL table (= the contract's name) → its key columns' source
         #: fields; None for the customers table (``source.postgres.table``)
         self.tables: dict[str, tuple[str, ...]] | None = None
+        self._checked = False  # the declared tables checked at the source (check_tables)
         if config.tables:
             self.tables = {
                 c.name: tuple(c.column(k).field for k in c.keys) for c in config.contracts()
@@ -347,6 +397,9 @@ class PostgresSource:
         committed = _committed_paths(checkpoint)
         with connection(self.settings) as conn:
             ensure_slot(conn, self.settings)
+            if self.tables is not None and not self._checked:
+                check_tables(conn, self.settings, self.tables)
+                self._checked = True
             unacked = [f for f in staged if not f.acknowledged]
             if unacked:
                 done = [f for f in unacked if f.path in committed]
@@ -383,7 +436,15 @@ class PostgresSource:
             log.warning(
                 "source TRUNCATE staged; it is quarantined, not applied",
                 extra={
-                    "table": self.settings.table if self.tables is None else ",".join(self.tables),
+                    "table": ",".join(
+                        sorted(
+                            {
+                                str(e["metadata"]["source_table"])
+                                for e in decoded.events
+                                if e["operation"] == "TRUNCATE"
+                            }
+                        )
+                    ),
                     "truncates": decoded.truncates,
                 },
             )

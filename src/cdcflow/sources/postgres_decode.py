@@ -233,7 +233,10 @@ def decode_rows(
         if action == "U" and all(k in old for k in keys) and any(old[k] != new[k] for k in keys):
             old_key = {f: old[k] for f, k in zip(fields, keys, strict=True)}
             pending.append(_event(op="DELETE", key=old_key, values={}, position=0, **common))
-            pending.append(_event(op="INSERT", key=new_key, values=new, position=0, **common))
+            row = new
+            if tables is not None:  # an unchanged TOASTed value is only in the old row (FULL)
+                row = {**{k: v for k, v in old.items() if k not in keys}, **new}
+            pending.append(_event(op="INSERT", key=new_key, values=row, position=0, **common))
             continue
         pending.append(_event(op=_ACTIONS[action], key=new_key, values=new, position=0, **common))
     return result
