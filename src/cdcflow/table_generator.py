@@ -25,6 +25,7 @@ fold_changes`), never the generator's own bookkeeping.
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -178,7 +179,9 @@ def save_state(out_dir: str | Path, summary: TablesSummary, until: datetime) -> 
         ],
     }
     path = Path(out_dir) / STATE_FILE
-    path.write_text(json.dumps(data), encoding="utf-8")
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(temporary, path)  # whole or not at all
     return path
 
 

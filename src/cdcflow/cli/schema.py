@@ -46,6 +46,17 @@ def show_log(
     if output not in ("text", "json"):
         raise ConfigError(f"--output: expected text or json, got {output!r}")
     cfg = load(config, declared_tables=True)
+    if not cfg.tables:
+        raise ConfigError(f"{config}: key 'tables': schema log lists declared tables' contracts")
+    names = [c.name for c in cfg.contracts()]
+    if table is not None and table not in names:
+        import difflib
+
+        close = difflib.get_close_matches(table, names, n=1, cutoff=0.6)
+        hint = f", did you mean {close[0]}?" if close else ""
+        raise ConfigError(
+            f"{config}: --table {table}: not a declared table (declared: {', '.join(names)}){hint}"
+        )
     uri, options = cfg.table_uri(SCHEMA_LOG.name), cfg.storage.options or None
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         raise CdcflowError(f"{uri}: no contract recorded yet (no run of declared tables yet)")

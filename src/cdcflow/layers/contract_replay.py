@@ -19,8 +19,10 @@ from typing import Any
 
 import polars as pl
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.errors import TableError
 from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.schema_log import SCHEMA_LOG, recorded_contracts
 from cdcflow.model.contracts import TableContract
@@ -79,9 +81,19 @@ class TableReplay:
 
 
 def _open(config: CdcflowConfig, name: str, version: int | None = None) -> DeltaTable:
-    return DeltaTable(
-        config.table_uri(name), version=version, storage_options=config.storage.options or None
-    )
+    """The Delta table ``name`` (at ``version``).
+
+    Raises:
+        TableError: no such table (no run yet), or no such version.
+    """
+    uri = config.table_uri(name)
+    try:
+        return DeltaTable(uri, version=version, storage_options=config.storage.options or None)
+    except TableNotFoundError:
+        raise TableError(f"{uri}: Delta table not found (no run of this table yet)") from None
+    except Exception as exc:  # delta-rs raises a generic error for a missing version
+        latest = DeltaTable(uri, storage_options=config.storage.options or None).version()
+        raise TableError(f"{uri}: cannot open version {version} (versions 0 to {latest})") from exc
 
 
 def held_contracts(config: CdcflowConfig) -> list[TableContract]:
