@@ -14,8 +14,16 @@ from hypothesis import given, settings
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
-from cdcflow.layers.contract_tables import contract_tables
-from cdcflow.layers.tables import BRONZE, EVENT_OUTCOMES, HISTORY, QUARANTINE, SILVER, TOMBSTONES
+from cdcflow.layers.contract_tables import contract_tables, fold_columns
+from cdcflow.layers.tables import (
+    BRONZE,
+    EVENT_OUTCOMES,
+    FOLD_COLUMNS,
+    HISTORY,
+    QUARANTINE,
+    SILVER,
+    TOMBSTONES,
+)
 from cdcflow.model.contracts import (
     CUSTOMERS,
     ColumnSpec,
@@ -388,6 +396,7 @@ def test_customers_contract_tables_are_todays_tables() -> None:
         (generated.outcomes, EVENT_OUTCOMES),
     ):
         assert spec == today
+    assert fold_columns(CUSTOMERS) == FOLD_COLUMNS
 
 
 def test_typed_contract_tables() -> None:

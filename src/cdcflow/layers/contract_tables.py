@@ -70,6 +70,23 @@ def mask_type(contract: TableContract) -> pa.DataType:
     return pa.int32() if count <= 31 else pa.int64()
 
 
+def fold_columns(contract: TableContract) -> list[str]:
+    """The Bronze columns the fold and the history read (one row per first-copy event): the
+    key columns, ``event_id``, ``operation``, ``event_timestamp``, the non-key columns,
+    ``present_mask``, ``lsn``, ``sequence`` (customers: :data:`cdcflow.layers.tables.
+    FOLD_COLUMNS`)."""
+    return [
+        *contract.keys,
+        "event_id",
+        "operation",
+        "event_timestamp",
+        *(c.name for c in contract.attributes),
+        "present_mask",
+        "lsn",
+        "sequence",
+    ]
+
+
 def contract_tables(contract: TableContract) -> ContractTables:
     """The table specs of a contract.
 
@@ -183,4 +200,4 @@ def contract_tables(contract: TableContract) -> ContractTables:
     )
 
 
-__all__ = ["ContractTables", "arrow_type", "contract_tables", "mask_type"]
+__all__ = ["ContractTables", "arrow_type", "contract_tables", "fold_columns", "mask_type"]

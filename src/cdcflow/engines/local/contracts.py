@@ -71,7 +71,12 @@ from cdcflow.engines.local.merges import (
     merge_tombstones,
 )
 from cdcflow.errors import ConfigError
-from cdcflow.layers.contract_tables import ContractTables, arrow_type, contract_tables
+from cdcflow.layers.contract_tables import (
+    ContractTables,
+    arrow_type,
+    contract_tables,
+    fold_columns,
+)
 from cdcflow.layers.schema_log import (
     EVOLVED,
     SCHEMA_LOG,
@@ -144,9 +149,6 @@ TABLE_BATCH_LOG = TableSpec(
     ),
 )
 
-#: Fold input columns besides the contract's own (see :mod:`cdcflow.engines.local.fold`).
-_FOLD_EXTRA = ("event_id", "operation", "event_timestamp", "present_mask", "lsn", "sequence")
-
 
 @dataclass
 class TableReport:
@@ -208,11 +210,7 @@ class ContractTable:
         self.contract = contract
         self.tables: ContractTables = contract_tables(contract)
         self.keys = list(contract.keys)
-        self.fold_columns = [
-            *self.keys,
-            *(c.name for c in contract.attributes),
-            *_FOLD_EXTRA,
-        ]
+        self.fold_columns = fold_columns(contract)
 
     def _evolve_fields(self, objects: list[dict[str, Any]], batch_id: int) -> None:
         """``unknown_fields: evolve``: add the batch's unknown top-level fields as nullable

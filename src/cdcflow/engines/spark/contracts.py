@@ -59,9 +59,11 @@ from cdcflow.engines.spark.engine import (
     check_source,
     classify,
     count_classes,
+    count_outcomes,
+    outcome_frame,
     quarantine_frame,
 )
-from cdcflow.layers.contract_tables import ContractTables, contract_tables
+from cdcflow.layers.contract_tables import ContractTables, contract_tables, fold_columns
 from cdcflow.layers.schema_log import infer_type
 from cdcflow.layers.tables import BATCH_LOG, TableSpec
 from cdcflow.logs import get_logger
@@ -497,24 +499,14 @@ class SparkContractsEngine(SparkEngine):
 
         firsts = report.accepted - report.duplicates
         if firsts:
-            fold_columns = [
-                *contract.keys,
-                "event_id",
-                "operation",
-                "event_timestamp",
-                *(c.name for c in contract.attributes),
-                "present_mask",
-                "lsn",
-                "sequence",
-            ]
-            events = classified.filter(F.col("_class") == "first").select(*fold_columns)
+            events = classified.filter(F.col("_class") == "first").select(*fold_columns(contract))
             keys = events.select(*contract.keys).distinct()
             self._table_silver(contract, tables, events, keys, batch_id)
             crash_point("after_silver_merge", batch_id)
             if contract.delete_mode == "hard":
                 self._table_tombstones(contract, tables, events, offsets)
             crash_point("after_silver", batch_id)
-            self._table_history(contract, tables, keys, fold_columns, batch_id)
+            self._table_history(contract, tables, keys, batch_id)
             crash_point("after_history", batch_id)
         report.silver_version = self.store.table(tables.silver).version()
         if report.accepted:
@@ -529,59 +521,29 @@ class SparkContractsEngine(SparkEngine):
         offsets: BatchOffsets,
         totals: BatchReport,
     ) -> None:
-        """The outcome of each accepted delivery (the rules of
-        :func:`cdcflow.engines.local.merges.event_outcomes`; Silver and the tombstones read as
-        they are now: the batch's own commits do not change an outcome), appended to the
-        table's outcomes table and counted into ``totals``."""
+        """The outcome of each accepted delivery (:func:`cdcflow.engines.spark.engine.
+        outcome_frame`; Silver and the tombstones read as they are now: the batch's own commits
+        do not change an outcome), appended to the table's outcomes table and counted into
+        ``totals``."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         key = list(contract.keys)
-        threshold = self.config.processing.late_event_threshold.total_seconds()
-        pt = F.lit(offsets.processing_time).cast("timestamp")
-        batch_max = (
-            bronze.filter(~F.col("is_duplicate"))
-            .groupBy(*key)
-            .agg(F.max("sequence").alias("_b_max"))
-        )
         targets = self._read(tables.silver).select(*key, F.col("_cdc_seq").alias("_t_seq"))
-        frame = bronze.join(batch_max, key, "left").join(targets, key, "left")
-        tomb = F.lit("")
+        tombstones = None
         if contract.delete_mode == "hard":
-            prior = self._read(tables.tombstones).select(*key, F.col("_cdc_seq").alias("_t_tomb"))
-            frame = frame.join(prior, key, "left")
-            tomb = F.coalesce(F.col("_t_tomb"), F.lit(""))
-        outcomes = (
-            frame.select(
-                "*",
-                F.when(F.col("is_duplicate"), F.lit("DUPLICATE"))
-                .when(F.col("sequence") < F.col("_b_max"), F.lit("SUPERSEDED_IN_BATCH"))
-                .when(F.col("sequence") < tomb, F.lit("TOMBSTONED"))
-                .when(F.col("sequence") < F.coalesce(F.col("_t_seq"), F.lit("")), F.lit("STALE"))
-                .otherwise(F.lit("APPLIED"))
-                .alias("outcome"),
-                ((F.unix_micros(pt) - F.unix_micros(F.col("event_timestamp"))) / 1e6).alias(
-                    "lag_s"
-                ),
-            )
-            .withColumn("is_late", F.col("lag_s") > threshold)
-            .select(*tables.outcomes.schema.names)
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
+            tombstones = self._read(tables.tombstones).select(*key, "_cdc_seq")
+        outcomes = outcome_frame(
+            bronze,
+            key,
+            targets,
+            tombstones,
+            offsets.processing_time,
+            self.config.processing.late_event_threshold.total_seconds(),
+            tables.outcomes.schema.names,
+        ).persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(outcomes)
-        summary = outcomes.agg(
-            F.count(F.when(F.col("outcome") == "STALE", 1)).alias("stale"),
-            F.count(F.when(F.col("outcome") == "TOMBSTONED", 1)).alias("tombstoned"),
-            F.count(F.when(F.col("is_late"), 1)).alias("late"),
-            F.max("lag_s").alias("max_lag"),
-        ).first()
-        assert summary is not None
-        totals.stale_ignored += summary["stale"]
-        totals.tombstoned += summary["tombstoned"]
-        totals.late_events += summary["late"]
-        lag = summary["max_lag"]
-        if lag is not None and (totals.max_event_lag_s is None or lag > totals.max_event_lag_s):
-            totals.max_event_lag_s = lag
+        count_outcomes(outcomes, totals)
         self._append(outcomes, tables.outcomes, offsets.batch_id)
 
     def _table_silver(
@@ -701,7 +663,6 @@ class SparkContractsEngine(SparkEngine):
         contract: TableContract,
         tables: ContractTables,
         keys: DataFrame,
-        fold_columns: list[str],
         batch_id: int,
     ) -> None:
         """Recompute the touched keys' SCD2 timelines from Bronze; MERGE the difference."""
@@ -724,7 +685,7 @@ class SparkContractsEngine(SparkEngine):
             self._read(tables.bronze)
             .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
             .join(keys, key, "left_semi")
-            .select(*fold_columns)
+            .select(*fold_columns(contract))
         )
         stored = self._read(spec, self.store.table(spec).version()).join(keys, key, "left_semi")
         fresh = history_frame(events, contract.delete_mode, contract)

@@ -467,46 +467,16 @@ class SparkEngine:
             inline_sync(self.config, report)
 
         with stage("audit"):
-            threshold = self.config.processing.late_event_threshold.total_seconds()
-            firsts = bronze.filter(~F.col("is_duplicate"))
-            batch_max = firsts.groupBy("customer_id").agg(F.max("sequence").alias("_b_max"))
-            outcomes = (
-                bronze.join(batch_max, "customer_id", "left")
-                .join(targets.select("customer_id", "_t_seq"), "customer_id", "left")
-                .join(prior_tombs.withColumnRenamed("_cdc_seq", "_t_tomb"), "customer_id", "left")
-                .select(
-                    "*",
-                    F.when(F.col("is_duplicate"), F.lit("DUPLICATE"))
-                    .when(F.col("sequence") < F.col("_b_max"), F.lit("SUPERSEDED_IN_BATCH"))
-                    .when(
-                        F.col("sequence") < F.coalesce(F.col("_t_tomb"), F.lit("")),
-                        F.lit("TOMBSTONED"),
-                    )
-                    .when(
-                        F.col("sequence") < F.coalesce(F.col("_t_seq"), F.lit("")),
-                        F.lit("STALE"),
-                    )
-                    .otherwise(F.lit("APPLIED"))
-                    .alias("outcome"),
-                    ((F.unix_micros(pt) - F.unix_micros(F.col("event_timestamp"))) / 1e6).alias(
-                        "lag_s"
-                    ),
-                )
-                .withColumn("is_late", F.col("lag_s") > threshold)
-                .select(*EVENT_OUTCOMES.schema.names)
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-            summary = outcomes.agg(
-                F.count(F.when(F.col("outcome") == "STALE", 1)).alias("stale"),
-                F.count(F.when(F.col("outcome") == "TOMBSTONED", 1)).alias("tombstoned"),
-                F.count(F.when(F.col("is_late"), 1)).alias("late"),
-                F.max("lag_s").alias("max_lag"),
-            ).first()
-            assert summary is not None
-            report.stale_ignored = summary["stale"]
-            report.tombstoned = summary["tombstoned"]
-            report.late_events = summary["late"]
-            report.max_event_lag_s = summary["max_lag"]
+            outcomes = outcome_frame(
+                bronze,
+                ["customer_id"],
+                targets.select("customer_id", "_t_seq"),
+                prior_tombs,
+                processing_time,
+                self.config.processing.late_event_threshold.total_seconds(),
+                EVENT_OUTCOMES.schema.names,
+            ).persist(StorageLevel.MEMORY_AND_DISK)
+            count_outcomes(outcomes, report)
             if report.accepted:
                 self._append(outcomes, EVENT_OUTCOMES, batch_id)
             crash_point("after_outcomes", batch_id)
@@ -878,6 +848,80 @@ def count_classes(classified: DataFrame, records: DataFrame, report: Any) -> Non
     report.inserts = counts["INSERT"]
     report.updates = counts["UPDATE"]
     report.deletes = counts["DELETE"]
+
+
+def outcome_frame(
+    bronze: DataFrame,
+    keys: list[str],
+    targets: DataFrame,
+    tombstones: DataFrame | None,
+    processing_time: datetime,
+    late_after_s: float,
+    columns: list[str],
+) -> DataFrame:
+    """What became of each accepted delivery of a micro-batch: the rules of
+    :func:`cdcflow.engines.local.merges.event_outcomes` (``DUPLICATE``,
+    ``SUPERSEDED_IN_BATCH``, ``TOMBSTONED``, ``STALE``, else ``APPLIED``) as Spark columns.
+
+    Args:
+        bronze: the batch's Bronze rows (the key columns, ``sequence``, ``is_duplicate``,
+            ``event_timestamp``, ...).
+        keys: the key columns.
+        targets: the key columns and ``_t_seq`` (Silver's ``_cdc_seq``).
+        tombstones: the key columns and ``_cdc_seq`` of the stored tombstones (None: none,
+            soft mode).
+        processing_time: the batch's processing time (``lag_s`` = it − event time, seconds).
+        late_after_s: ``processing.late_event_threshold`` in seconds (``is_late``: above it).
+        columns: the outcomes table's columns, in order.
+
+    Returns:
+        One row per delivery with ``columns`` (``outcome``, ``lag_s``, ``is_late`` among them).
+    """
+    from pyspark.sql import functions as F
+
+    pt = F.lit(processing_time).cast("timestamp")
+    batch_max = (
+        bronze.filter(~F.col("is_duplicate")).groupBy(*keys).agg(F.max("sequence").alias("_b_max"))
+    )
+    frame = bronze.join(batch_max, keys, "left").join(targets, keys, "left")
+    tomb = F.lit("")
+    if tombstones is not None:
+        frame = frame.join(tombstones.withColumnRenamed("_cdc_seq", "_t_tomb"), keys, "left")
+        tomb = F.coalesce(F.col("_t_tomb"), F.lit(""))
+    return (
+        frame.select(
+            "*",
+            F.when(F.col("is_duplicate"), F.lit("DUPLICATE"))
+            .when(F.col("sequence") < F.col("_b_max"), F.lit("SUPERSEDED_IN_BATCH"))
+            .when(F.col("sequence") < tomb, F.lit("TOMBSTONED"))
+            .when(F.col("sequence") < F.coalesce(F.col("_t_seq"), F.lit("")), F.lit("STALE"))
+            .otherwise(F.lit("APPLIED"))
+            .alias("outcome"),
+            ((F.unix_micros(pt) - F.unix_micros(F.col("event_timestamp"))) / 1e6).alias("lag_s"),
+        )
+        .withColumn("is_late", F.col("lag_s") > late_after_s)
+        .select(*columns)
+    )
+
+
+def count_outcomes(outcomes: DataFrame, report: Any) -> None:
+    """Add a batch's (or one table's) outcomes to ``report`` in one job: ``stale_ignored``,
+    ``tombstoned``, ``late_events`` and ``max_event_lag_s`` (the largest so far)."""
+    from pyspark.sql import functions as F
+
+    summary = outcomes.agg(
+        F.count(F.when(F.col("outcome") == "STALE", 1)).alias("stale"),
+        F.count(F.when(F.col("outcome") == "TOMBSTONED", 1)).alias("tombstoned"),
+        F.count(F.when(F.col("is_late"), 1)).alias("late"),
+        F.max("lag_s").alias("max_lag"),
+    ).first()
+    assert summary is not None
+    report.stale_ignored += summary["stale"]
+    report.tombstoned += summary["tombstoned"]
+    report.late_events += summary["late"]
+    lag = summary["max_lag"]
+    if lag is not None and (report.max_event_lag_s is None or lag > report.max_event_lag_s):
+        report.max_event_lag_s = lag
 
 
 def _ns(modified: Any) -> int:
