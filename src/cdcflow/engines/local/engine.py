@@ -19,14 +19,23 @@ sequences in a way the batch's own Silver commit does not change.
 
 from __future__ import annotations
 
-import re
 import time
-from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.batch_frame import (
+    bronze_rows as to_bronze,
+)
+from cdcflow.engines.local.batch_frame import (
+    classify_batch,
+    scan_batch,
+    validate_batch,
+)
+from cdcflow.engines.local.batch_frame import (
+    quarantine_rows as to_quarantine,
+)
 from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
@@ -52,13 +61,9 @@ from cdcflow.layers.tables import (
     TOMBSTONES,
 )
 from cdcflow.logs import get_logger
-from cdcflow.model.events import ATTRIBUTES, CdcEvent
-from cdcflow.model.lsn import LSN_KEY_WIDTH
-from cdcflow.plan.dedup import Delivery, classify
 from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, silver_merge_spec
-from cdcflow.plan.rules import Rejection, RuleSet, validate_record
+from cdcflow.plan.rules import CustomerIdPattern, RuleSet
 from cdcflow.report import BatchReport
-from cdcflow.sources.files import RawRecord, read_records
 from cdcflow.state.checkpoint import BatchOffsets
 from cdcflow.state.faults import crash_point
 
@@ -80,103 +85,42 @@ class LocalEngine:
             self.store.ensure(spec)
         from cdcflow.engines.local.replay import check_lakehouse
 
+        self._pattern = CustomerIdPattern(config.processing.customer_id_pattern)
         check_lakehouse(config)  # an unfinished replay --apply or another delete_mode: refuse
 
     # ------------------------------------------------------------------ stages
-    def _parse(
-        self, offsets: BatchOffsets, report: BatchReport
-    ) -> tuple[list[RawRecord], list[Delivery], list[tuple[int, Rejection]]]:
+    def _parse(self, offsets: BatchOffsets) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+        """Read, validate and classify the batch's records, in columns.
+
+        Returns:
+            (deliveries — accepted records with ``is_duplicate``, in arrival order; rejected
+            records with reason and detail, in arrival order; records received).
+        """
         rules = RuleSet(
-            customer_id_pattern=re.compile(self.config.processing.customer_id_pattern),
+            customer_id_pattern=self._pattern,  # one per engine: its cache outlives a batch
             processing_time=offsets.processing_time,
             max_clock_skew=self.config.processing.max_clock_skew,
         )
-        records: list[RawRecord] = []
-        candidates: list[tuple[int, CdcEvent]] = []
-        rejected: list[tuple[int, Rejection]] = []
-        for file in offsets.files:
-            for record in read_records(file, offsets.batch_id):
-                position = len(records)
-                records.append(record)
-                if record.data is None:
-                    rejected.append(
-                        (position, Rejection("MALFORMED_JSON", record.error or "unreadable"))
-                    )
-                    continue
-                result = validate_record(record.data, rules)
-                if isinstance(result, Rejection):
-                    rejected.append((position, result))
-                else:
-                    candidates.append((position, result))
-        prior = self._prior_hashes({e.event_id for _, e in candidates}, offsets.batch_id)
-        deliveries, conflicts = classify(candidates, prior)
-        rejected.extend(conflicts)
-        rejected.sort(key=lambda item: item[0])
-        report.records_received = len(records)
-        return records, deliveries, rejected
+        frame, others = scan_batch(offsets.files, offsets.batch_id)
+        validated = validate_batch(frame, others, rules)
+        accepted = validated.filter(pl.col("reason").is_null())
+        prior = self._prior_hashes(accepted["event_id"].unique().to_list(), offsets.batch_id)
+        deliveries, rejected = classify_batch(validated, prior)
+        return deliveries, rejected, validated.height
 
-    def _prior_hashes(self, event_ids: set[str], batch_id: int) -> dict[str, str]:
+    def _prior_hashes(self, event_ids: list[str], batch_id: int) -> pl.DataFrame:
+        """``event_id``, ``content_hash`` of the copies of ``event_ids`` earlier batches
+        accepted (Bronze first copies and duplicates: the same hash)."""
         if not event_ids:
-            return {}
+            return pl.DataFrame(schema={"event_id": pl.String, "content_hash": pl.String})
         found = read_where_in(
             self.store.table(BRONZE),
             "event_id",
             event_ids,
             ["event_id", "content_hash"],
-            extra=pl.col("batch_id") < batch_id,
+            extra=(pl.col("batch_id") < batch_id) & ~pl.col("is_duplicate"),
         )
-        return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
-
-    def _bronze_table(
-        self, offsets: BatchOffsets, records: list[RawRecord], deliveries: list[Delivery]
-    ) -> pa.Table:
-        now = offsets.processing_time
-        events = [d.event for d in deliveries]
-        sources = [records[d.position] for d in deliveries]
-        n = len(events)
-        cols: dict[str, list[Any]] = {
-            "batch_id": [offsets.batch_id] * n,
-            "ingested_at": [now] * n,
-            "ingestion_date": [now.date()] * n,
-            "source_file": [r.source_file for r in sources],
-            "source_line": [r.source_line for r in sources],
-            "raw_payload": [r.data.decode("utf-8") for r in sources if r.data is not None],
-            "event_id": [e.event_id for e in events],
-            "customer_id": [e.customer_id for e in events],
-            "operation": [e.operation.value for e in events],
-            "event_timestamp": [e.event_timestamp for e in events],
-            **{name: [e.values.get(name) for e in events] for name in ATTRIBUTES},
-            "present_mask": [e.present_mask for e in events],
-            "source_table": [e.source_table for e in events],
-            "lsn": [e.lsn for e in events],
-            "lsn_key": [e.sequence[:LSN_KEY_WIDTH] for e in events],
-            "tx_id": [e.tx_id for e in events],
-            "sequence": [e.sequence for e in events],
-            "content_hash": [e.content_hash for e in events],
-            "is_duplicate": [d.is_duplicate for d in deliveries],
-        }
-        return pa.Table.from_pydict(cols, schema=BRONZE.schema)
-
-    def _quarantine_table(
-        self,
-        offsets: BatchOffsets,
-        records: list[RawRecord],
-        rejected: list[tuple[int, Rejection]],
-    ) -> pa.Table:
-        cols: dict[str, list[object]] = {name: [] for name in QUARANTINE.schema.names}
-        for position, rejection in rejected:
-            record = records[position]
-            raw = record.data.decode("utf-8", errors="backslashreplace") if record.data else ""
-            cols["batch_id"].append(offsets.batch_id)
-            cols["quarantined_at"].append(offsets.processing_time)
-            cols["source_file"].append(record.source_file)
-            cols["source_line"].append(record.source_line)
-            cols["raw_line"].append(raw)
-            cols["failure_reason"].append(rejection.reason)
-            cols["failure_detail"].append(rejection.detail)
-            cols["event_id"].append(rejection.event_id)
-            cols["customer_id"].append(rejection.customer_id)
-        return pa.Table.from_pydict(cols, schema=QUARANTINE.schema)
+        return found.unique("event_id", keep="first")
 
     def _read_tombstones(self, keys: list[str]) -> pl.DataFrame:
         return read_where_in(
@@ -245,39 +189,24 @@ class LocalEngine:
     def _outcomes(
         self,
         offsets: BatchOffsets,
-        records: list[RawRecord],
-        deliveries: list[Delivery],
+        deliveries: pl.DataFrame,
         targets: pl.DataFrame,
         prior_tombs: pl.DataFrame,
         report: BatchReport,
     ) -> pa.Table:
         threshold = self.config.processing.late_event_threshold.total_seconds()
-        now = offsets.processing_time
-        frame = pl.DataFrame(
-            {
-                "batch_id": [offsets.batch_id] * len(deliveries),
-                "event_id": [d.event.event_id for d in deliveries],
-                "customer_id": [d.event.customer_id for d in deliveries],
-                "operation": [d.event.operation.value for d in deliveries],
-                "lsn": [d.event.lsn for d in deliveries],
-                "sequence": [d.event.sequence for d in deliveries],
-                "is_duplicate": [d.is_duplicate for d in deliveries],
-                "lag_s": [(now - d.event.event_timestamp).total_seconds() for d in deliveries],
-                "source_file": [records[d.position].source_file for d in deliveries],
-                "source_line": [records[d.position].source_line for d in deliveries],
-            },
-            schema={
-                "batch_id": pl.Int64,
-                "event_id": pl.String,
-                "customer_id": pl.String,
-                "operation": pl.String,
-                "lsn": pl.String,
-                "sequence": pl.String,
-                "is_duplicate": pl.Boolean,
-                "lag_s": pl.Float64,
-                "source_file": pl.String,
-                "source_line": pl.Int64,
-            },
+        now = pl.lit(offsets.processing_time, pl.Datetime("us", "UTC"))
+        frame = deliveries.select(
+            pl.lit(offsets.batch_id, pl.Int64).alias("batch_id"),
+            "event_id",
+            "customer_id",
+            "operation",
+            "lsn",
+            "sequence",
+            "is_duplicate",
+            ((now - pl.col("event_timestamp")).dt.total_microseconds() / 1_000_000).alias("lag_s"),
+            "source_file",
+            "source_line",
         )
         frame = event_outcomes(frame, ["customer_id"], targets, prior_tombs, threshold)
         count_outcomes(frame, report)
@@ -311,21 +240,18 @@ class LocalEngine:
         started = time.perf_counter()
 
         with report.stage("parse"):
-            records, deliveries, rejected = self._parse(offsets, report)
-            bronze_rows = self._bronze_table(offsets, records, deliveries)
-            quarantine_rows = self._quarantine_table(offsets, records, rejected)
+            deliveries, rejected, report.records_received = self._parse(offsets)
+            now = offsets.processing_time
+            bronze_rows = to_bronze(deliveries, batch_id, now, BRONZE.schema)
+            quarantine_rows = to_quarantine(rejected, batch_id, now, QUARANTINE.schema)
         report.accepted = bronze_rows.num_rows
         report.quarantined = quarantine_rows.num_rows
-        report.duplicates = sum(d.is_duplicate for d in deliveries)
-        for delivery in deliveries:
-            if not delivery.is_duplicate:
-                op = delivery.event.operation.value
-                if op == "INSERT":
-                    report.inserts += 1
-                elif op == "UPDATE":
-                    report.updates += 1
-                else:
-                    report.deletes += 1
+        report.duplicates = int(deliveries["is_duplicate"].sum())
+        ops = deliveries.filter(~pl.col("is_duplicate"))["operation"].value_counts()
+        counts = dict(zip(ops["operation"].to_list(), ops["count"].to_list(), strict=True))
+        report.inserts = counts.get("INSERT", 0)
+        report.updates = counts.get("UPDATE", 0)
+        report.deletes = counts.get("DELETE", 0)
 
         with report.stage("bronze"):
             append_once(self.store.table(BRONZE), bronze_rows, self.app_id, batch_id, BRONZE)
@@ -376,7 +302,7 @@ class LocalEngine:
             inline_sync(self.config, report)
 
         with report.stage("audit"):
-            outcomes = self._outcomes(offsets, records, deliveries, targets, prior_tombs, report)
+            outcomes = self._outcomes(offsets, deliveries, targets, prior_tombs, report)
             append_once(
                 self.store.table(EVENT_OUTCOMES), outcomes, self.app_id, batch_id, EVENT_OUTCOMES
             )
