@@ -430,13 +430,14 @@ class ContractTable:
         until = (pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate")
         merge_history(
             self.store.table(self.tables.history),
-            lambda: self._read_keys(self.tables.bronze, keys, self.fold_columns, until),
-            keys.rows(),
+            lambda late: self._read_keys(self.tables.bronze, late, self.fold_columns, until),
+            keys,
             self.contract.delete_mode,
             self.app_id,
             batch_id,
-            self.contract,
             lambda names: self._read_keys(self.tables.history, keys, names, None),
+            events,
+            self.contract,
         )
 
     def _merge_silver(

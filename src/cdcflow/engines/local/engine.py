@@ -284,13 +284,16 @@ class LocalEngine:
             from cdcflow.engines.local.history import merge_history
             from cdcflow.layers.tables import HISTORY
 
+            history = self.store.table(HISTORY)
             merge_history(
-                self.store.table(HISTORY),
-                lambda: self._history_of(keys, batch_id),
-                keys,
+                history,
+                lambda late: self._history_of(late["customer_id"].to_list(), batch_id),
+                pl.DataFrame({"customer_id": keys}, schema={"customer_id": pl.String}),
                 self.mode,
                 self.app_id,
                 batch_id,
+                lambda names: read_where_in(history, "customer_id", keys, names),
+                events,
             )
         crash_point("after_history", batch_id)
         with report.stage("gold"):  # through this batch's table objects (optimize: its own)

@@ -21,12 +21,11 @@ add nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import polars as pl
 from deltalake import DeltaTable
 
-from cdcflow.engines.local.delta import commit_props, read_where_in, txn_done
+from cdcflow.engines.local.delta import commit_props, txn_done
 from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.model.contracts import CUSTOMERS, TableContract, coerce
 from cdcflow.plan.reference import DeleteMode
@@ -119,55 +118,131 @@ def history_frame(
     )
 
 
+def _continued(
+    new: pl.DataFrame, base: pl.DataFrame, mode: DeleteMode, contract: TableContract
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The versions of keys whose new events all follow their stored versions.
+
+    Each key's timeline continues from its stored current version (``base``): the events are
+    folded on top of that image, as if it were one event carrying every column, dated at the
+    row's ``created_at`` (so ``created_at`` carries on). In hard mode a stored DELETE version
+    ended the row, and the new events start a fresh one.
+
+    Args:
+        new: the keys' new first-copy events (Bronze fold columns).
+        base: the keys' stored current versions (history columns); a key without one is new.
+        mode: delete mode.
+        contract: the table's contract.
+
+    Returns:
+        (the new versions; the base versions with ``valid_to`` and ``is_current`` closed).
+    """
+    keys = list(contract.keys)
+    carry = base
+    if mode == "hard":
+        carry = carry.filter(pl.col("operation") != "DELETE")
+    all_bits = (1 << len(contract.attributes)) - 1
+    pseudo = carry.select(
+        *keys,
+        pl.col("event_id"),
+        pl.lit("UPDATE").alias("operation"),
+        pl.col("created_at").alias("event_timestamp"),
+        *(pl.col(c.name) for c in contract.attributes),
+        pl.lit(all_bits, pl.Int32).alias("present_mask"),
+        pl.col("lsn"),
+        pl.col("sequence"),
+    )
+    events = pl.concat([pseudo, new.select(pseudo.columns)], how="vertical_relaxed")
+    timeline = history_frame(events, mode, contract)
+    marks = base.select(*keys, "sequence")
+    fresh = timeline.join(marks, on=[*keys, "sequence"], how="anti")
+    closed_at = timeline.join(marks, on=[*keys, "sequence"], how="semi").select(
+        *keys, pl.col("valid_to").alias("_closed")
+    )
+    # a hard-mode DELETE base is not carried: it closes at the first new version
+    first_new = fresh.group_by(keys).agg(pl.col("valid_from").min().alias("_first"))
+    closed = (
+        base.join(closed_at, on=keys, how="left")
+        .join(first_new, on=keys, how="left")
+        .with_columns(
+            pl.coalesce("_closed", "_first").alias("valid_to"), pl.lit(False).alias("is_current")
+        )
+        .drop("_closed", "_first")
+        .select(timeline.columns)
+    )
+    return fresh, closed
+
+
 def merge_history(
     table: DeltaTable,
-    load_events: Callable[[], pl.DataFrame],
-    keys: Sequence[Any],
+    load_events: Callable[[pl.DataFrame], pl.DataFrame],
+    keys: pl.DataFrame,
     mode: DeleteMode,
     app_id: str,
     batch_id: int,
+    load_stored: Callable[[Sequence[str]], pl.DataFrame],
+    new_events: pl.DataFrame,
     contract: TableContract = CUSTOMERS,
-    load_stored: Callable[[Sequence[str]], pl.DataFrame] | None = None,
 ) -> int:
-    """Replace the history of ``keys`` by their recomputed timeline (one guarded MERGE).
+    """Bring the history of ``keys`` up to date with the batch (one guarded MERGE).
+
+    Incremental: a key whose new events all follow its stored versions (the common case)
+    continues from its stored current version (:func:`_continued`), without reading Bronze;
+    only a key an event lands *inside* of (a late event) has its timeline recomputed from its
+    Bronze events (``load_events``), as the full recomputation does.
 
     Args:
         table: the history table (``silver/customer_history`` for customers).
-        load_events: returns every first-copy Bronze event of ``keys`` up to this batch.
-        keys: the keys touched by the micro-batch (customer_ids; any non-empty sequence for a
-            declared table, whose rows ``load_stored`` reads).
+        load_events: a frame of keys → every first-copy Bronze event of those keys up to this
+            batch (Bronze fold columns).
+        keys: the keys the micro-batch touched (the contract's key columns, one row per key).
         mode: delete mode.
         app_id: Delta app-transaction id of the pipeline.
         batch_id: micro-batch id (app-transaction version).
+        load_stored: columns → the stored history rows of ``keys``.
+        new_events: the batch's first-copy events of ``keys`` (Bronze fold columns).
         contract: the table's contract (default: customers).
-        load_stored: columns → the stored history rows of ``keys`` (default: by customer_id).
 
     Returns:
         Number of history rows inserted, updated or deleted (0 when skipped).
     """
-    if not keys or txn_done(table, app_id, batch_id):
+    if keys.height == 0 or txn_done(table, app_id, batch_id):
         return 0
+    key_names = list(contract.keys)
     names = contract_tables(contract).history.schema.names
-    fresh = history_frame(load_events(), mode, contract)
-    if load_stored is None:
-        stored = read_where_in(table, "customer_id", keys, names)
-    else:
-        stored = load_stored(names)
-    on = [*contract.keys, "sequence"]
-    changed = fresh.join(stored, on=names, how="anti", nulls_equal=True)
-    gone = stored.join(fresh, on=on, how="anti")
-    if changed.height == 0 and gone.height == 0:
-        return 0
-    source = pl.concat(
-        [
+    stored = load_stored(names)
+    first = new_events.group_by(key_names).agg(pl.col("sequence").min().alias("_first"))
+    last = stored.group_by(key_names).agg(pl.col("sequence").max().alias("_last"))
+    late = first.join(last, on=key_names).filter(pl.col("_last") >= pl.col("_first"))
+    late = late.select(key_names)
+    on = [*key_names, "sequence"]
+    parts: list[pl.DataFrame] = []
+    if late.height:  # an event inside a timeline: recompute the key's timeline from Bronze
+        late_stored = stored.join(late, on=key_names, how="semi")
+        recomputed = history_frame(load_events(late), mode, contract)
+        changed = recomputed.join(late_stored, on=names, how="anti", nulls_equal=True)
+        gone = late_stored.join(recomputed, on=on, how="anti")
+        parts += [
             changed.with_columns(pl.lit(False).alias(_FLAG)),
             gone.with_columns(pl.lit(True).alias(_FLAG)),
         ]
-    )
+    ahead = new_events.join(late, on=key_names, how="anti")
+    if ahead.height:
+        base = stored.filter(pl.col("is_current")).join(
+            ahead.select(key_names), on=key_names, how="semi"
+        )
+        fresh, closed = _continued(ahead, base, mode, contract)
+        parts += [
+            fresh.with_columns(pl.lit(False).alias(_FLAG)),
+            closed.with_columns(pl.lit(False).alias(_FLAG)),
+        ]
+    source = pl.concat(parts, how="vertical_relaxed") if parts else pl.DataFrame()
+    if source.height == 0:
+        return 0
     columns = {name: f"s.{name}" for name in names}
     (
         table.merge(
-            source.to_arrow(),
+            source.select(*names, _FLAG).to_arrow(),
             predicate=" AND ".join(f"t.{name} = s.{name}" for name in on),
             source_alias="s",
             target_alias="t",
