@@ -265,3 +265,84 @@ def test_legacy_offsets_without_fingerprint_still_run(tmp_path: Path) -> None:
     assert run_cli(config).returncode == 0
     assert lake.silver() == lake.expected().rows
     assert lake.run() == []
+
+
+def _records(n: int) -> list[dict[str, object] | str]:
+    out: list[dict[str, object] | str] = []
+    for i in range(n):
+        key = f"C-{i % 7}"
+        op = "INSERT" if i < 7 else "UPDATE"
+        fields = full(city=f"City-{i}") if op == "INSERT" else {"city": f"City-{i}"}
+        out.append(ev(f"E{i}", key, op, f"0/{100 + i:X}", minutes_ago=60 - i * 0.1, **fields))
+    out.insert(20, "not json")  # a quarantined line counts as a record too
+    out.insert(30, json.dumps(out[10]))  # a re-delivery
+    return out
+
+
+@pytest.mark.parametrize(
+    ("limits", "batches"),
+    [({"max_records_per_trigger": 7}, 9), ({"max_bytes_per_trigger": 900}, None)],
+)
+def test_trigger_limits_split_a_large_file_across_micro_batches(
+    tmp_path: Path, limits: dict[str, int], batches: int | None
+) -> None:
+    whole = Lake(tmp_path / "whole")
+    whole.write(_records(60))
+    whole.run()
+    split = Lake(tmp_path / "split")
+    split.config = split.config.model_copy(
+        update={"source": split.config.source.model_copy(update=limits)}
+    )
+    records = _records(60)
+    split.write(records[:31])
+    split.write(records[31:])
+    reports = split.run()
+    if batches is not None:
+        assert len(reports) == batches
+        assert all(r.records_received <= 7 for r in reports)
+    else:
+        assert len(reports) > 5
+    assert sum(r.records_received for r in reports) == 62
+    # every line exactly once, with its own line number; the same Silver as one batch
+    positions = _positions(split)
+    assert len(positions) == len(set(positions)) == 62
+    assert sorted(line for _, line in positions) == sorted([*range(1, 32), *range(1, 32)])
+    assert split.silver() == whole.silver()
+    offsets = [Pipeline(split.config).checkpoint.offsets(i) for i in range(len(reports))]
+    changes = {f.change for o in offsets for f in o.files}
+    assert changes == {"new", "continued"}
+    assert any(f.cut for o in offsets for f in o.files)
+    assert split.run() == []
+
+
+def test_a_cut_file_that_grows_is_continued_with_its_new_lines(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    lake.config = lake.config.model_copy(
+        update={"source": lake.config.source.model_copy(update={"max_records_per_trigger": 4})}
+    )
+    path = lake.write(_records(10))
+    pipeline = Pipeline(lake.config)
+    first = pipeline.run(Trigger.parse("once"))
+    assert [r.records_received for r in first] == [4]
+    more = [ev("E-new", "C-1", "UPDATE", "0/FFFF", minutes_ago=1, city="Last")]
+    _append(path, *more, stamp=1_700_000_100)
+    reports = lake.run()
+    assert sum(r.records_received for r in [*first, *reports]) == 13
+    assert lake.silver()["C-1"]["city"] == "Last"
+    positions = _positions(lake)
+    assert sorted(line for _, line in positions) == list(range(1, 14))
+
+
+def test_cut_landing_takes_at_least_one_line_and_never_cuts_gzip(tmp_path: Path) -> None:
+    from cdcflow.sources.files import cut_landing, fingerprinted, list_landing
+
+    big = tmp_path / "a.jsonl"
+    big.write_bytes(b"x" * 100 + b"\n" + b"y" * 10 + b"\n")
+    packed = tmp_path / "b.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"a": 1}\n' * 50))
+    os.utime(packed, (1_800_000_000, 1_800_000_000))
+    files = [fingerprinted(f) for f in list_landing(tmp_path)]
+    first = cut_landing(files, None, 10)
+    assert len(first) == 1 and first[0].cut and first[0].size == 101
+    assert cut_landing(files[1:], 1, 1) == files[1:]  # gzip: whole
+    assert cut_landing(files, None, None) == files

@@ -131,6 +131,12 @@ class SourceSection(_Section):
     ``min_file_age``: a landing file modified more recently than this is left for a later
     trigger (for writers that append in place instead of renaming a finished file; 0 = off).
 
+    ``max_records_per_trigger`` / ``max_bytes_per_trigger`` (default: no limit) bound a
+    micro-batch by lines and bytes as well as by ``max_files_per_trigger``: a large file is cut
+    at a line boundary and the next micro-batch continues it from that byte (the range is in
+    the checkpoint's offset log; :func:`cdcflow.sources.files.cut_landing`). A gzip file is
+    never cut. The local engines only (the Spark engine bounds its micro-batches by files).
+
     ``type: postgres`` stages the changes of a PostgreSQL replication slot into the landing
     folder before each micro-batch (settings in ``postgres``; see ``cdcflow.sources.postgres``).
     """
@@ -139,6 +145,8 @@ class SourceSection(_Section):
     format: Literal["flat"] = "flat"
     path: str = "./landing"
     max_files_per_trigger: int = Field(default=1000, ge=1)
+    max_records_per_trigger: int | None = Field(default=None, ge=1)
+    max_bytes_per_trigger: int | None = Field(default=None, ge=1)
     min_file_age: Duration = timedelta(0)
     postgres: PostgresSourceSection = Field(default_factory=PostgresSourceSection)
 

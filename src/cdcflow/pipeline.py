@@ -27,7 +27,7 @@ from cdcflow.errors import ConfigError
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
 from cdcflow.signals import stop_on_signals
-from cdcflow.sources.files import plan_landing
+from cdcflow.sources.files import cut_landing, plan_landing
 from cdcflow.sources.postgres import make_source
 from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
 from cdcflow.state.faults import crash_point
@@ -119,6 +119,8 @@ class Pipeline:
             return None
         if max_files is not None:
             new = new[:max_files]
+        source = self.config.source
+        new = cut_landing(new, source.max_records_per_trigger, source.max_bytes_per_trigger)
         last = self.checkpoint.last_batch()
         offsets = BatchOffsets(
             batch_id=0 if last is None else last + 1,
@@ -126,12 +128,12 @@ class Pipeline:
             files=tuple(new),
         )
         for file in offsets.files:
-            if file.change != "new":
+            if file.change not in ("new", "continued"):
                 log.warning(
                     f"landing file {file.change} after an earlier micro-batch took it: "
                     + (
                         "taking only the appended bytes"
-                        if file.change == "appended"
+                        if file.change in ("appended", "continued")
                         else "taking the whole file again as new content"
                     ),
                     extra={"path": file.path, "batch_id": offsets.batch_id, "start": file.start},

@@ -15,6 +15,9 @@ when those bytes are no longer there.
 
 **A file that changes after it was taken** is never skipped in silence (:func:`plan_landing`):
 
+* *continued* — the rest of a file an earlier micro-batch took only part of, because the batch
+  reached ``source.max_records_per_trigger`` or ``source.max_bytes_per_trigger``
+  (:func:`cut_landing`): the range starts where the last one ended, at a line boundary.
 * *appended* — the first ``size`` bytes are unchanged, the file is longer, the part already
   taken ended with a line break and the file is not gzip: only the new bytes are taken, as a
   new micro-batch (line numbers continue the file's own).
@@ -45,7 +48,7 @@ SUFFIXES = (".jsonl", ".jsonl.gz")
 _BLOCK = 1 << 20
 
 #: Why a file is in a micro-batch: first time seen, grown by appending, or changed otherwise.
-Change = Literal["new", "appended", "replaced"]
+Change = Literal["new", "appended", "replaced", "continued"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,10 @@ class LandingFile:
         sha256: hex SHA-256 of the file's first ``size`` bytes when listed (None in offset
             logs written before fingerprints existed: only the size is checked then).
         inode: inode number when listed (0 when unknown).
-        change: ``new``, ``appended`` or ``replaced`` (see the module docstring).
+        change: ``new``, ``appended``, ``replaced`` or ``continued`` (see the module docstring).
+        cut: the range ends before the listed end of the file, at a line boundary, because
+            the micro-batch reached its record or byte limit (:func:`cut_landing`); the next
+            micro-batch continues from ``size``.
     """
 
     path: str
@@ -72,6 +78,7 @@ class LandingFile:
     sha256: str | None = None
     inode: int = 0
     change: Change = "new"
+    cut: bool = False
 
     @property
     def name(self) -> str:
@@ -98,6 +105,7 @@ class LandingFile:
             sha256=data.get("sha256"),
             inode=int(data.get("inode", 0)),
             change=data.get("change", "new"),
+            cut=bool(data.get("cut", False)),
         )
 
 
@@ -255,6 +263,8 @@ def _plan_one(listed: LandingFile, before: LandingFile | None) -> LandingFile | 
     if before is None:
         return listed
     if prefix is not None and prefix == before.sha256:  # legacy offsets: no sha256, no match
+        if before.cut and read > before.size:  # the rest of a file cut by the trigger limits
+            return replace(listed, start=before.size, change="continued")
         if read == before.size:
             return None  # same bytes, only the metadata changed
         if not listed.is_gzip and (before.size == 0 or prefix_ends_line):
@@ -391,12 +401,24 @@ def scan_lines(file: LandingFile, batch_id: int | None = None) -> tuple[Any, lis
     """
     import polars as pl
 
+    digest = hashlib.sha256()
+    skipped = 0  # lines before ``file.start`` (a plain file's range may start inside it)
     try:
         with open(file.path, "rb") as handle:
-            content = handle.read(file.size)
+            start = 0 if file.is_gzip else file.start
+            done = 0
+            while done < start:  # the prefix is hashed and its lines counted, not kept
+                block = handle.read(min(_BLOCK, start - done))
+                if not block:
+                    break
+                digest.update(block)
+                skipped += block.count(b"\n")
+                done += len(block)
+            content = handle.read(file.size - done) if done == start else b""
     except OSError as exc:
         raise _unopenable(file, batch_id, exc) from None
-    _check(file, batch_id, len(content), hashlib.sha256(content).hexdigest())
+    digest.update(content)
+    _check(file, batch_id, done + len(content), digest.hexdigest())
     empty = pl.DataFrame(schema={"source_line": pl.Int64, "line": pl.String})
     if file.is_gzip:
         try:
@@ -408,19 +430,93 @@ def scan_lines(file: LandingFile, batch_id: int | None = None) -> tuple[Any, lis
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
-        records = [RawRecord(file.path, n, d, e) for n, d, e in content_lines("", content)]
-        if file.start:
-            skipped = content[: file.start].count(b"\n")
-            records = [r for r in records if r.source_line > skipped]
+        records = [
+            RawRecord(file.path, n + skipped, d, e) for n, d, e in content_lines("", content)
+        ]
         return empty, records
     lines = pl.DataFrame({"line": pl.Series([text]).str.split("\n").explode()})
-    lines = lines.with_row_index("source_line", offset=1).with_columns(
+    lines = lines.with_row_index("source_line", offset=1 + skipped).with_columns(
         pl.col("source_line").cast(pl.Int64)
     )
-    if file.start:
-        skipped = content[: file.start].count(b"\n")
-        lines = lines.filter(pl.col("source_line") > skipped)
     lines = lines.with_columns(pl.col("line").str.strip_chars_end("\r")).filter(
         pl.col("line").str.strip_chars(_ASCII_SPACE) != ""
     )
     return lines, []
+
+
+def cut_landing(
+    files: list[LandingFile], max_records: int | None, max_bytes: int | None
+) -> list[LandingFile]:
+    """Bound a micro-batch by records (lines) and bytes as well as files.
+
+    Files are taken in order while the batch is under both limits; the file that would pass a
+    limit is cut at a line boundary (its range ends after the last whole line within the
+    limit, ``cut`` set, fingerprint of the bytes up to there) and the next micro-batch
+    continues it (``continued``). A batch always takes at least one line. A gzip file cannot be
+    cut (its byte offsets are not line offsets): it is taken whole, or left for the next batch
+    when the batch already holds something.
+
+    Args:
+        files: the planned files, in landing order (each with its range).
+        max_records: at most this many lines (blank lines count), or None.
+        max_bytes: at most this many bytes of the files' ranges, or None.
+
+    Returns:
+        The files of the batch (a prefix of ``files``, the last one possibly cut).
+    """
+    if max_records is None and max_bytes is None:
+        return files
+    taken: list[LandingFile] = []
+    records = size = 0
+    for file in files:
+        if file.is_gzip:
+            if taken and max_bytes is not None and size + file.size > max_bytes:
+                break
+            taken.append(file)
+            size += file.size - file.start
+            if max_bytes is not None and size >= max_bytes:
+                break
+            continue
+        end, lines = _cut_point(
+            file,
+            None if max_records is None else max_records - records,
+            None if max_bytes is None else max_bytes - size,
+            at_least_one=not taken,
+        )
+        if end <= file.start:
+            break
+        if end < file.size:
+            digest, _, _, _ = fingerprint(file.path, end)
+            taken.append(replace(file, size=end, sha256=digest, cut=True))
+            break
+        taken.append(file)
+        records += lines
+        size += file.size - file.start
+        if (max_records is not None and records >= max_records) or (
+            max_bytes is not None and size >= max_bytes
+        ):
+            break
+    return taken
+
+
+def _cut_point(
+    file: LandingFile, records: int | None, size: int | None, *, at_least_one: bool
+) -> tuple[int, int]:
+    """(end offset of the range within the budgets, lines up to there) of a plain file."""
+    budget = file.size if size is None else min(file.size, file.start + max(size, 0))
+    end, lines = file.start, 0
+    with open(file.path, "rb") as handle:
+        handle.seek(file.start)
+        offset = file.start
+        while offset < file.size:
+            line = handle.readline(file.size - offset)
+            if not line:
+                break
+            nxt = offset + len(line)
+            over = nxt > budget or (records is not None and lines + 1 > records)
+            if over and not (at_least_one and lines == 0):
+                break
+            end, lines, offset = nxt, lines + 1, nxt
+            if not line.endswith(b"\n"):  # the file's last line, without a terminator
+                break
+    return end, lines
