@@ -23,6 +23,9 @@ from cdcflow.model.events import ATTRIBUTES, CdcEvent
 from cdcflow.plan.rules import Rejection, RuleSet, validate_record
 from cdcflow.sources.files import LandingFile, RawRecord, scan_lines
 
+#: Lines validated at a time (bounds the memory of the validation's intermediate columns).
+CHUNK_ROWS = 1 << 15
+
 #: Schema of a validated batch (one row per record).
 VALIDATED_SCHEMA: dict[str, pl.DataType] = {
     "pos": pl.Int64(),
@@ -143,22 +146,31 @@ def validate_batch(
     ``raw`` is the record's text as quarantine keeps it (bytes that are not UTF-8 as
     backslash escapes; empty for an unreadable gzip tail).
     """
-    checked = validate_lines(frame.select("pos", "line").to_arrow(), rules)
-    checked = frame.join(checked, on="pos", how="left").rename({"line": "raw"})
-    undecided = checked.filter(pl.col("reason") == UNDECIDED)
+    # in slices, so a large micro-batch holds one slice's intermediate columns at a time; each
+    # slice's result is in the slice's row order
+    checked = pl.concat(
+        [
+            validate_lines(part.select("pos", "line").to_arrow(), rules).drop("pos")
+            for part in frame.iter_slices(CHUNK_ROWS)
+        ]
+        or [validate_lines(frame.select("pos", "line").to_arrow(), rules).drop("pos")]
+    )
+    checked = frame.rename({"line": "raw"}).hstack(checked)
+    undecided = checked["reason"] == UNDECIDED
     items: list[tuple[int, str, int, bytes | None, str | None, str]] = [
         (row[0], row[1], row[2], row[3].encode("utf-8"), None, row[3])
-        for row in undecided.select("pos", "source_file", "source_line", "raw").iter_rows()
+        for row in checked.filter(undecided)
+        .select("pos", "source_file", "source_line", "raw")
+        .iter_rows()
     ]
     for pos, record in others:
         raw = record.data.decode("utf-8", errors="backslashreplace") if record.data else ""
         items.append((pos, record.source_file, record.source_line, record.data, record.error, raw))
-    decided = checked.filter(pl.col("reason").is_null() | (pl.col("reason") != UNDECIDED))
+    decided = checked.filter(~undecided.fill_null(False)) if items else checked
     decided = decided.select(list(VALIDATED_SCHEMA)).cast(VALIDATED_SCHEMA)  # type: ignore[arg-type]
-    parts = [decided]
-    if items:
-        parts.append(_python_rows(items, rules))
-    return pl.concat(parts).sort("pos")
+    if not items:
+        return decided
+    return pl.concat([decided, _python_rows(items, rules)]).sort("pos")
 
 
 def classify_batch(
