@@ -209,12 +209,34 @@ def calendar(dates: pl.Series) -> pl.DataFrame:
     )
 
 
-def compute_gold(history: pl.DataFrame) -> dict[str, pl.DataFrame]:
-    """Every Gold table's content from the whole history table (table name → frame)."""
+#: The history columns ``daily_metrics`` reads (of every version; the other Gold tables read
+#: the current versions only).
+_TIMELINE_COLUMNS = (
+    "customer_id",
+    "sequence",
+    "operation",
+    "valid_from",
+    "status",
+    "is_deleted",
+    "is_active",
+)
+
+
+def compute_gold(
+    history: pl.DataFrame, current: pl.DataFrame | None = None
+) -> dict[str, pl.DataFrame]:
+    """Every Gold table's content from the history table (table name → frame).
+
+    Args:
+        history: every version (at least the ``daily_metrics`` columns; every column when
+            ``current`` is None).
+        current: the current versions, every column (default: taken from ``history``).
+    """
+    now = current_versions(history) if current is None else current
     return {
-        ACTIVE_CUSTOMERS.name: active_customers(history),
-        ACTIVE_BY_GEO.name: active_by_geo(history),
-        STATUS_DISTRIBUTION.name: status_distribution(history),
+        ACTIVE_CUSTOMERS.name: active_customers(now),
+        ACTIVE_BY_GEO.name: active_by_geo(now),
+        STATUS_DISTRIBUTION.name: status_distribution(now),
         DAILY_METRICS.name: daily_metrics(history),
     }
 
@@ -264,8 +286,9 @@ def refresh_gold(
     ]
     if not todo:
         return {}
-    history = scan_table(tables[HISTORY.name]).collect()
-    frames = compute_gold(history)
+    scan = scan_table(tables[HISTORY.name])  # every version's timeline columns; current rows whole
+    history = scan.select(_TIMELINE_COLUMNS).collect()
+    frames = compute_gold(history, scan.filter(pl.col("is_current")).collect())
     written = {}
     for spec in todo:
         table: DeltaTable = tables[spec.name]
