@@ -16,7 +16,7 @@ and their ratio: how the cost of a micro-batch grows with the lakehouse.
 ``trickle``: first a snapshot of ``--keys`` customers (one INSERT each) in one micro-batch,
 then a producer thread writes ``--rate`` events/s as one small file every ``--interval``
 seconds (written under a temporary name and renamed into place: the landing time), while the
-pipeline runs with trigger ``processing-time:<interval>``. Reports p50/p95/max of landing →
+pipeline runs with trigger ``processing-time=<interval>``. Reports p50/p95/max of landing →
 Silver commit (the batch's commit marker) over every file.
 
 Results are printed and written to ``bench/results/<UTC time>-<kind>.json``.
@@ -158,7 +158,7 @@ def trickle(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     producer = threading.Thread(target=produce, daemon=True)
     with PeakRss() as rss:
         producer.start()
-        pipeline.run(Trigger.parse(f"processing-time:{args.interval}s"))
+        pipeline.run(Trigger.parse(f"processing-time={int(args.interval * 1000)}ms"))
         producer.join()
     checkpoint = Checkpoint(config.checkpoint.location)
     latencies: list[float] = []

@@ -137,22 +137,29 @@ def _canonical() -> pl.Expr:
 
 def _front(lines: pl.DataFrame) -> pl.DataFrame:
     """Per line: ``decided`` (the shape), the fragments and the trimmed texts the rules read."""
-    keys = (*FIELDS, *METADATA)
     shaped = pl.col("line").str.contains(SHAPE)
-    single = [pl.col("line").str.count_matches(f'"{n}" *:') <= 1 for n in keys]
-    df = lines.with_columns(pl.all_horizontal(shaped, *single).alias("decided"))
+    # in the shape, ``"name" :`` is a key (a string value holds no quote and is never followed
+    # by a colon): more keys than distinct known keys found means a key occurs twice
+    df = lines.with_columns(
+        shaped.alias("_shaped"), pl.col("line").str.count_matches('" *:').alias("_keys")
+    )
+    shape = pl.col("_shaped")
     df = df.with_columns(
         *(
-            pl.when(pl.col("decided")).then(_fragment(n, f"{_STRING}|null")).alias(f"f_{n}")
+            pl.when(shape).then(_fragment(n, f"{_STRING}|null")).alias(f"f_{n}")
             for n in FIELDS
             if n != "metadata"
         ),
-        pl.when(pl.col("decided")).then(_fragment("metadata", r"null|\{")).alias("f_metadata"),
-        *(
-            pl.when(pl.col("decided")).then(_fragment(n, _META_VALUE)).alias(f"m_{n}")
-            for n in METADATA
-        ),
+        pl.when(shape).then(_fragment("metadata", r"null|\{")).alias("f_metadata"),
+        *(pl.when(shape).then(_fragment(n, _META_VALUE)).alias(f"m_{n}") for n in METADATA),
     ).drop("line")
+    found = pl.sum_horizontal(
+        *(pl.col(f"f_{n}").is_not_null() for n in FIELDS),
+        *(pl.col(f"m_{n}").is_not_null() for n in METADATA),
+    )
+    df = df.with_columns((shape & (pl.col("_keys") == found)).alias("decided")).drop(
+        "_shaped", "_keys"
+    )
     lsn_frag = pl.col("m_lsn")
     df = df.with_columns(
         _trim(_value("f_customer_id")).alias("cid"),
