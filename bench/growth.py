@@ -152,7 +152,7 @@ def trickle(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             os.replace(part, landing / name)
             landed[str((landing / name).resolve())] = time.time()
             time.sleep(args.interval)
-        time.sleep(max(5.0, 10 * args.interval))
+        time.sleep(max(3.0, 5 * args.interval))  # the last files reach Silver
         pipeline.stop()
 
     producer = threading.Thread(target=produce, daemon=True)
