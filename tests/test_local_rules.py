@@ -110,6 +110,8 @@ def test_edge_texts_agree() -> None:
         good(metadata={"lsn": "0/10", "source_table": None}),
         good(metadata={"lsn": "0/10", "extra": "x"}),
         good(metadata={}),
+        good(metadata={"lsn": "0/1", "tx_id": 5, "source_table": 12}),
+        good(metadata={"lsn": "0/1", "tx_id": 0, "source_table": None}),
         good(customer_name=...),
         good(customer_name=None, email=None),
     ]
@@ -127,6 +129,16 @@ def test_edge_texts_agree() -> None:
     raws += [json.dumps(good())[:-1] + ",}", json.dumps(good()).replace('"ACTIVE"', "NaN")]
     decided, _ = compare(raws)
     assert decided >= len(raws) - 16
+
+
+def test_a_processing_time_with_an_offset_is_the_same_instant() -> None:
+    from datetime import timedelta, timezone
+
+    local = NOW.astimezone(timezone(timedelta(hours=5, minutes=30)))
+    rules = RuleSet(RULES.customer_id_pattern, local, RULES.max_clock_skew)
+    stamps = ["2026-11-29T12:04:59Z", "2026-11-29T12:05:01Z", "2026-11-29T12:06:00Z"]
+    decided, _ = compare([json.dumps(good(event_timestamp=t)) for t in stamps], rules)
+    assert decided == len(stamps)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))

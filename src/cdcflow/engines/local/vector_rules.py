@@ -12,7 +12,7 @@ JSON parser's leniency (DuckDB's yyjson accepts ``NaN``, trailing commas) never 
 * it is a JSON object by DuckDB, has no backslash, no control character, no ``,}`` / ``,]`` /
   ``/*`` / ``//``, no duplicate key and no field the flat format does not know;
 * every field is a JSON string or null, except ``metadata``: an object whose ``source_table``,
-  ``lsn``, ``tx_id`` are strings or null (``lsn`` also a JSON integer of at most 18 digits);
+  ``lsn``, ``tx_id`` are strings, null or JSON integers of at most 18 digits (stored as their text);
 * the fields that decide the outcome are in their common form: ``operation`` / ``status``
   ASCII (Python's ``upper`` of other letters differs), ``event_timestamp`` of the form
   ``YYYY-MM-DDTHH:MM:SS[.f{1,9}][Z|z|±HH:MM]`` with a valid date, years 0002-9998, the LSN
@@ -30,6 +30,8 @@ hypothesis records and a generated workload, of which only the unparseable lines
 """
 
 from __future__ import annotations
+
+from datetime import UTC
 
 import duckdb
 import polars as pl
@@ -85,7 +87,7 @@ _ISO = (
 
 # The decided shape as a grammar (Rust regex, linear time): a JSON object of known fields whose
 # values are strings without escapes or null, and ``metadata`` null or an object of known
-# members (strings, null, or for ``lsn`` an integer of at most 18 digits). Whitespace: spaces.
+# members (strings, null, or integers of at most 18 digits). Whitespace: spaces.
 _STRING = r'"[^"\\\x00-\x1f]*"'
 _INTEGER = r"(?:0|[1-9][0-9]{0,17})"
 _TOP_KEY = '"(?:' + "|".join(n for n in FIELDS if n != "metadata") + ')"'
@@ -107,6 +109,13 @@ def _value(frag: str) -> pl.Expr:
     """A string fragment's value (no escapes: the text between the quotes), else null."""
     col = pl.col(frag)
     return pl.when(col.str.starts_with('"')).then(col.str.slice(1, col.str.len_chars() - 2))
+
+
+def _json_text(frag: str) -> pl.Expr:
+    """A scalar's stored text (``plan.rules._json_text``): a string's value, a number's JSON
+    text (the fragment), null for null or a missing field."""
+    col = pl.col(frag)
+    return pl.when(col.str.starts_with('"')).then(_value(frag)).when(col != "null").then(col)
 
 
 def _trim(expr: pl.Expr) -> pl.Expr:
@@ -171,8 +180,8 @@ def _front(lines: pl.DataFrame) -> pl.DataFrame:
         .otherwise(lsn_frag)
         .alias("lsn_text"),
         _value("f_status").alias("v_st"),
-        _value("m_source_table").alias("source_table"),
-        _value("m_tx_id").alias("tx_id"),
+        _json_text("m_source_table").alias("source_table"),
+        _json_text("m_tx_id").alias("tx_id"),
         _canonical().alias("canonical"),
         *(_value(f"f_{n}").alias(f"v_{n}") for n in ATTRIBUTES),
         *(pl.col(f"f_{n}").is_not_null().alias(f"p_{n}") for n in ATTRIBUTES),
@@ -341,7 +350,7 @@ def _cascade(df: pl.DataFrame, rules: RuleSet) -> pl.DataFrame:
         }
     )
     df = df.join(aliases, on="op_norm", how="left")
-    latest = (rules.processing_time + rules.max_clock_skew).replace(tzinfo=None)
+    latest = (rules.processing_time + rules.max_clock_skew).astimezone(UTC).replace(tzinfo=None)
     later = _later_than(rules)
     is_delete = pl.col("operation") == "DELETE"
     status_present = pl.col("f_status").is_not_null()
