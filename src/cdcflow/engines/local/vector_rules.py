@@ -1,18 +1,18 @@
 """Columnar rendering of the ``flat`` validation rules (:mod:`cdcflow.plan.rules`) for the local
-engine: DuckDB SQL over Arrow for the JSON and text work, Polars for the reason cascade.
+engine: a grammar regex and Polars expressions over the lines, DuckDB for the SHA-256.
 
 One rule set: the rules, their order, reason codes and detail texts are those of
 :mod:`cdcflow.plan.rules` (read from there and from the customers contract, not restated), and
 the pure-Python :func:`~cdcflow.plan.rules.validate_record` stays the reference. This rendering
 decides exactly the lines whose outcome it can compute identically; every other line is
 ``UNDECIDED`` and goes to the Python rules, as in the Spark rendering
-(:mod:`cdcflow.engines.spark.validate`). A line is decided only when all of these hold, so a
-JSON parser's leniency (DuckDB's yyjson accepts ``NaN``, trailing commas) never decides a line:
+(:mod:`cdcflow.engines.spark.validate`). A line is decided only when all of these hold:
 
-* it is a JSON object by DuckDB, has no backslash, no control character, no ``,}`` / ``,]`` /
-  ``/*`` / ``//``, no duplicate key and no field the flat format does not know;
-* every field is a JSON string or null, except ``metadata``: an object whose ``source_table``,
-  ``lsn``, ``tx_id`` are strings, null or JSON integers of at most 18 digits (stored as their text);
+* it matches :data:`SHAPE`, a grammar of the JSON objects this rendering reads: spaces as the
+  only whitespace, every field a JSON string without backslash or control character, or null;
+  ``metadata`` null or an object whose ``source_table``, ``lsn``, ``tx_id`` are such strings,
+  null or JSON integers of at most 18 digits (stored as their text); no other field;
+* no key occurs twice;
 * the fields that decide the outcome are in their common form: ``operation`` / ``status``
   ASCII (Python's ``upper`` of other letters differs), ``event_timestamp`` of the form
   ``YYYY-MM-DDTHH:MM:SS[.f{1,9}][Z|z|±HH:MM]`` with a valid date, years 0002-9998, the LSN
@@ -20,9 +20,9 @@ JSON parser's leniency (DuckDB's yyjson accepts ``NaN``, trailing commas) never 
   digits — unless an earlier rule already decided the line.
 
 Without backslashes a JSON string has no escapes, so its canonical JSON text (orjson, sorted keys,
-:func:`~cdcflow.plan.rules.content_hash`) is the value between double quotes, and the content
-hash is computed in SQL (``sha256``). The customer_id pattern is matched by the same RE2 object
-as the Python rules, once per distinct customer_id of the batch.
+:func:`~cdcflow.plan.rules.content_hash`) is the value between double quotes, and the canonical
+record is assembled from the fields' JSON texts. The customer_id pattern is matched by the same
+RE2 object as the Python rules, once per distinct customer_id of the batch.
 
 ``tests/test_local_rules.py`` checks that every decided line agrees with the Python rules
 (reason, detail, ids, every normalised value, sequence, content hash) on edge cases, messy
