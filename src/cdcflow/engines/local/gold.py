@@ -99,6 +99,19 @@ def status_distribution(history: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+#: The history columns ``daily_metrics`` reads (of every version; the other Gold tables read
+#: the current versions only).
+_TIMELINE_COLUMNS = (
+    "customer_id",
+    "sequence",
+    "operation",
+    "valid_from",
+    "status",
+    "is_deleted",
+    "is_active",
+)
+
+
 def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
     """``gold/daily_customer_metrics``: one row per UTC date (see :mod:`cdcflow.layers.gold`)."""
     if history.height == 0:
@@ -106,15 +119,7 @@ def daily_metrics(history: pl.DataFrame) -> pl.DataFrame:
     # sorted by (customer_id, sequence), a row's previous version is the row above it when both
     # have the same key; the global row index orders versions within a key (no window functions)
     h = (
-        history.select(
-            "customer_id",
-            "sequence",
-            "operation",
-            "valid_from",
-            "status",
-            "is_deleted",
-            "is_active",
-        )
+        history.select(_TIMELINE_COLUMNS)
         .sort("customer_id", "sequence")
         .with_columns(
             pl.int_range(pl.len()).alias("_i"),
@@ -207,19 +212,6 @@ def calendar(dates: pl.Series) -> pl.DataFrame:
         .explode("date")
         .sort("date")
     )
-
-
-#: The history columns ``daily_metrics`` reads (of every version; the other Gold tables read
-#: the current versions only).
-_TIMELINE_COLUMNS = (
-    "customer_id",
-    "sequence",
-    "operation",
-    "valid_from",
-    "status",
-    "is_deleted",
-    "is_active",
-)
 
 
 def compute_gold(
