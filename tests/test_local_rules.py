@@ -252,3 +252,55 @@ def test_batch_equals_the_record_at_a_time_path(tmp_path: Path) -> None:
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_columnar_revalidation_equals_the_replay_rules(tmp_path: Path) -> None:
+    """Replay's re-validation in columns equals :func:`cdcflow.plan.replay.revalidate`: counts
+    of what no longer validates, kept first copies, sequence mismatches, every column."""
+    from datetime import timedelta
+
+    import polars as pl
+
+    from cdcflow.engines.local.batch_frame import revalidate_frame
+    from cdcflow.generator import GeneratorConfig, generate
+    from cdcflow.plan.replay import revalidate
+    from cdcflow.plan.rules import CustomerIdPattern
+
+    generate(tmp_path, GeneratorConfig(events=1500, customers=100, files=2, seed=9, now=NOW))
+    raws: list[str] = []
+    for file in sorted(tmp_path.glob("*.jsonl")):
+        raws += [line for line in file.read_text(encoding="utf-8").splitlines() if line]
+    raws += [raws[3], "\ufeff" + raws[5], json.dumps(good(event_id="X", city="é"))]
+    times = [NOW - timedelta(days=2) if i % 3 else NOW for i in range(len(raws))]
+    stored = ["wrong" if i % 50 == 0 else "" for i in range(len(raws))]
+    stored = [
+        s
+        or (
+            getattr(
+                validate_record(r, RuleSet(RULES.customer_id_pattern, t, RULES.max_clock_skew)),
+                "sequence",
+                "",
+            )
+        )
+        for s, r, t in zip(stored, raws, times, strict=True)
+    ]
+    rows = pl.DataFrame(
+        {"raw_payload": raws, "ingested_at": times, "sequence": stored},
+        schema={
+            "raw_payload": pl.String,
+            "ingested_at": pl.Datetime("us", "UTC"),
+            "sequence": pl.String,
+        },
+    )
+    skew = RULES.max_clock_skew
+    want = revalidate(rows.iter_rows(), RULES.customer_id_pattern.pattern, skew)
+    got = revalidate_frame(rows, CustomerIdPattern(RULES.customer_id_pattern.pattern), skew)
+    assert got.rejected == want.rejected and sum(want.rejected.values()) > 10
+    assert (got.duplicate_ids, got.sequence_mismatches) == (
+        want.duplicate_ids,
+        want.sequence_mismatches,
+    )
+    assert got.duplicate_ids >= 1 and got.sequence_mismatches >= 1
+    assert got.accepted == want.accepted
+    for name, values in want.columns.items():
+        assert got.columns[name].to_list() == values, name

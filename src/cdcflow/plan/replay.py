@@ -42,13 +42,14 @@ class Revalidation:
     Attributes:
         columns: the accepted events as fold input columns (``customer_id``, ``event_id``,
             ``operation``, ``event_timestamp``, the attributes, ``present_mask``, ``lsn``,
-            ``sequence``, ``ingested_at``), one entry per event.
+            ``sequence``, ``ingested_at``), one entry per event: lists, or Polars series from
+            the local engine's columnar re-validation.
         rejected: failure reason → rows that no longer pass validation.
         sequence_mismatches: rows whose re-derived sequence differs from the stored one.
         duplicate_ids: first copies whose event_id was already seen (kept: the first).
     """
 
-    columns: dict[str, list[Any]] = field(default_factory=dict)
+    columns: dict[str, Any] = field(default_factory=dict)
     rejected: Counter[str] = field(default_factory=Counter)
     sequence_mismatches: int = 0
     duplicate_ids: int = 0

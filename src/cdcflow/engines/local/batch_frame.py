@@ -13,14 +13,15 @@ as the record-at-a-time path does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import polars as pl
 import pyarrow as pa
 
 from cdcflow.engines.local.vector_rules import UNDECIDED, validate_lines
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
-from cdcflow.plan.rules import Rejection, RuleSet, validate_record
+from cdcflow.plan.replay import Revalidation
+from cdcflow.plan.rules import CustomerIdPattern, Rejection, RuleSet, validate_record
 from cdcflow.sources.files import LandingFile, RawRecord, scan_lines
 
 #: Lines validated at a time (bounds the memory of the validation's intermediate columns).
@@ -254,6 +255,68 @@ __all__ = [
     "bronze_rows",
     "classify_batch",
     "quarantine_rows",
+    "revalidate_frame",
     "scan_batch",
     "validate_batch",
 ]
+
+
+def revalidate_frame(
+    rows: pl.DataFrame, pattern: CustomerIdPattern, max_clock_skew: timedelta
+) -> Revalidation:
+    """Re-validate Bronze first copies in columns: :func:`cdcflow.plan.replay.revalidate`.
+
+    The same result as the record-at-a-time function: each row is validated at its
+    ``ingested_at`` (its micro-batch's processing time), by :func:`validate_lines` and, for its
+    ``UNDECIDED`` lines, the Python rules; the first accepted copy of an event id is kept.
+
+    Args:
+        rows: ``raw_payload``, ``ingested_at``, ``sequence`` (the stored one) per Bronze first
+            copy, in arrival order (batch, then position).
+        pattern: ``processing.customer_id_pattern``, compiled.
+        max_clock_skew: ``processing.max_clock_skew``.
+
+    Returns:
+        The accepted events as columns (Polars series), plus what no longer validates.
+    """
+    frame = rows.with_row_index("pos").with_columns(pl.col("pos").cast(pl.Int64))
+    parts: list[pl.DataFrame] = []
+    for (ingested_at,), group in frame.group_by("ingested_at", maintain_order=True):
+        assert isinstance(ingested_at, datetime)
+        rules = RuleSet(pattern, ingested_at, max_clock_skew)
+        lines = group.select(
+            "pos",
+            pl.lit("").alias("source_file"),
+            pl.lit(0, pl.Int64).alias("source_line"),
+            pl.col("raw_payload").alias("line"),
+        )
+        checked = validate_batch(lines, [], rules)
+        parts.append(
+            checked.join(group.select("pos", "ingested_at", "sequence"), on="pos", suffix="_stored")
+        )
+    out = Revalidation()
+    if not parts:
+        out.columns = {name: [] for name in _REPLAY_COLUMNS}
+        return out
+    checked = pl.concat(parts).sort("pos")
+    rejected = checked.filter(pl.col("reason").is_not_null())["reason"].value_counts()
+    out.rejected.update(dict(zip(rejected["reason"], rejected["count"], strict=True)))
+    accepted = checked.filter(pl.col("reason").is_null())
+    first = accepted.filter(pl.col("pos") == pl.col("pos").min().over("event_id"))
+    out.duplicate_ids = accepted.height - first.height
+    out.sequence_mismatches = int((first["sequence"] != first["sequence_stored"]).sum())
+    out.columns = {name: first[name] for name in _REPLAY_COLUMNS}
+    return out
+
+
+_REPLAY_COLUMNS = (
+    "customer_id",
+    "event_id",
+    "operation",
+    "event_timestamp",
+    *ATTRIBUTES,
+    "present_mask",
+    "lsn",
+    "sequence",
+    "ingested_at",
+)

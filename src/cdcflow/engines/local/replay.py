@@ -5,7 +5,8 @@ Steps (``cdcflow replay``):
 1. :func:`rebuild_shadow` reads Bronze at a pinned Delta version (latest, or ``--to-version``),
    splits the customers into hash buckets (``customer_id.hash() % buckets``) and, per bucket,
    lazily scans only that bucket's first copies (``is_duplicate = false``), re-validates every
-   row (:func:`cdcflow.plan.replay.revalidate`), folds it completely with the engine's Polars
+   row (the columns of :func:`cdcflow.engines.local.batch_frame.revalidate_frame`, equal to
+   :func:`cdcflow.plan.replay.revalidate`), folds it completely with the engine's Polars
    fold (:func:`~cdcflow.engines.local.fold.fold_events`) and appends the result to the shadow
    tables ``_shadow/silver/customers`` and ``_shadow/silver/customer_tombstones``. The fold is
    per customer_id, so the buckets' union equals one fold over all of Bronze, while memory is
@@ -43,6 +44,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.batch_frame import revalidate_frame
 from cdcflow.engines.local.delta import arrow_dataset, scan_table, txn_done
 from cdcflow.engines.local.fold import batch_tombstones, fold_events
 from cdcflow.errors import CdcflowError, ConfigError, TableError
@@ -56,7 +58,8 @@ from cdcflow.layers.tables import (
 )
 from cdcflow.logs import get_logger
 from cdcflow.model.events import ATTRIBUTES
-from cdcflow.plan.replay import DEFAULT_BUCKET_ROWS, bucket_count, revalidate
+from cdcflow.plan.replay import DEFAULT_BUCKET_ROWS, bucket_count
+from cdcflow.plan.rules import CustomerIdPattern
 from cdcflow.reconcile import ReconcileReport, reconcile_state
 from cdcflow.report import BatchReport
 from cdcflow.state.checkpoint import Checkpoint
@@ -235,6 +238,7 @@ def rebuild_shadow(
         last_ingest - config.processing.tombstone_retention if last_ingest is not None else None
     )
     read_cols = ["raw_payload", "ingested_at", "sequence"]
+    pattern = CustomerIdPattern(config.processing.customer_id_pattern)
     for bucket in range(buckets):
         rows = (
             scan.filter(~pl.col("is_duplicate"))
@@ -244,11 +248,7 @@ def rebuild_shadow(
             .select(read_cols)
             .collect()
         )
-        checked = revalidate(
-            rows.iter_rows(),
-            config.processing.customer_id_pattern,
-            config.processing.max_clock_skew,
-        )
+        checked = revalidate_frame(rows, pattern, config.processing.max_clock_skew)
         del rows
         for reason, n in checked.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + n
