@@ -214,7 +214,8 @@ def test_batch_equals_the_record_at_a_time_path(tmp_path: Path) -> None:
         LandingFile(str(three), three.stat().st_size, 0, start=len(good_line) + 1),
     ]
     frame, others = scan_batch(files, 1)
-    validated = validate_batch(frame, others, RULES)
+    validated = validate_batch(frame, others, RULES, columnar_min_lines=0)
+    assert validated.equals(validate_batch(frame, others, RULES))  # the Python path: the same
     prior = {"E-2": "not-its-hash"}
     import polars as pl
 
@@ -294,7 +295,7 @@ def test_columnar_revalidation_equals_the_replay_rules(tmp_path: Path) -> None:
     )
     skew = RULES.max_clock_skew
     want = revalidate(rows.iter_rows(), RULES.customer_id_pattern.pattern, skew)
-    got = revalidate_frame(rows, CustomerIdPattern(RULES.customer_id_pattern.pattern), skew)
+    got = revalidate_frame(rows, CustomerIdPattern(RULES.customer_id_pattern.pattern), skew, 0)
     assert got.rejected == want.rejected and sum(want.rejected.values()) > 10
     assert (got.duplicate_ids, got.sequence_mismatches) == (
         want.duplicate_ids,

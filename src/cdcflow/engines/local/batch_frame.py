@@ -27,6 +27,11 @@ from cdcflow.sources.files import LandingFile, RawRecord, scan_lines
 #: Lines validated at a time (bounds the memory of the validation's intermediate columns).
 CHUNK_ROWS = 1 << 15
 
+#: Below this many lines a batch is validated by the Python rules line by line: the columnar
+#: rendering has a fixed cost per call (tens of milliseconds: regex compilation, one DuckDB
+#: query) that a handful of lines does not repay. The rest of the batch stays columnar.
+COLUMNAR_MIN_LINES = 512
+
 #: Schema of a validated batch (one row per record).
 VALIDATED_SCHEMA: dict[str, pl.DataType] = {
     "pos": pl.Int64(),
@@ -139,14 +144,50 @@ def _python_rows(
     return pl.DataFrame(rows, schema=VALIDATED_SCHEMA)
 
 
+#: A line for the Python rules: pos, source_file, source_line, bytes (None: unreadable),
+#: the reason it is unreadable, the text quarantine keeps.
+_Item = tuple[int, str, int, bytes | None, str | None, str]
+
+
+def _items(frame: pl.DataFrame) -> list[_Item]:
+    """The frame's lines (``pos``, ``source_file``, ``source_line``, ``line``) as items."""
+    return [
+        (pos, source_file, source_line, line.encode("utf-8"), None, line)
+        for pos, source_file, source_line, line in frame.select(
+            "pos", "source_file", "source_line", "line"
+        ).iter_rows()
+    ]
+
+
+def _other_items(others: list[tuple[int, RawRecord]]) -> list[_Item]:
+    """The records that are not text (not UTF-8, an unreadable gzip tail) as items."""
+    return [
+        (
+            pos,
+            record.source_file,
+            record.source_line,
+            record.data,
+            record.error,
+            record.data.decode("utf-8", errors="backslashreplace") if record.data else "",
+        )
+        for pos, record in others
+    ]
+
+
 def validate_batch(
-    frame: pl.DataFrame, others: list[tuple[int, RawRecord]], rules: RuleSet
+    frame: pl.DataFrame,
+    others: list[tuple[int, RawRecord]],
+    rules: RuleSet,
+    columnar_min_lines: int = COLUMNAR_MIN_LINES,
 ) -> pl.DataFrame:
     """Validate every record of the batch (:data:`VALIDATED_SCHEMA`, sorted by ``pos``).
 
     ``raw`` is the record's text as quarantine keeps it (bytes that are not UTF-8 as
-    backslash escapes; empty for an unreadable gzip tail).
+    backslash escapes; empty for an unreadable gzip tail). A batch of fewer than
+    ``columnar_min_lines`` lines is validated by the Python rules (the same results).
     """
+    if frame.height < columnar_min_lines:
+        return _python_rows([*_items(frame), *_other_items(others)], rules).sort("pos")
     # in slices, so a large micro-batch holds one slice's intermediate columns at a time; each
     # slice's result is in the slice's row order
     checked = pl.concat(
@@ -158,15 +199,7 @@ def validate_batch(
     )
     checked = frame.rename({"line": "raw"}).hstack(checked)
     undecided = checked["reason"] == UNDECIDED
-    items: list[tuple[int, str, int, bytes | None, str | None, str]] = [
-        (row[0], row[1], row[2], row[3].encode("utf-8"), None, row[3])
-        for row in checked.filter(undecided)
-        .select("pos", "source_file", "source_line", "raw")
-        .iter_rows()
-    ]
-    for pos, record in others:
-        raw = record.data.decode("utf-8", errors="backslashreplace") if record.data else ""
-        items.append((pos, record.source_file, record.source_line, record.data, record.error, raw))
+    items = [*_items(checked.filter(undecided).rename({"raw": "line"})), *_other_items(others)]
     decided = checked.filter(~undecided.fill_null(False)) if items else checked
     decided = decided.select(list(VALIDATED_SCHEMA)).cast(VALIDATED_SCHEMA)  # type: ignore[arg-type]
     if not items:
@@ -262,7 +295,10 @@ __all__ = [
 
 
 def revalidate_frame(
-    rows: pl.DataFrame, pattern: CustomerIdPattern, max_clock_skew: timedelta
+    rows: pl.DataFrame,
+    pattern: CustomerIdPattern,
+    max_clock_skew: timedelta,
+    columnar_min_lines: int = COLUMNAR_MIN_LINES,
 ) -> Revalidation:
     """Re-validate Bronze first copies in columns: :func:`cdcflow.plan.replay.revalidate`.
 
@@ -275,6 +311,7 @@ def revalidate_frame(
             copy, in arrival order (batch, then position).
         pattern: ``processing.customer_id_pattern``, compiled.
         max_clock_skew: ``processing.max_clock_skew``.
+        columnar_min_lines: see :func:`validate_batch`.
 
     Returns:
         The accepted events as columns (Polars series), plus what no longer validates.
@@ -290,7 +327,7 @@ def revalidate_frame(
             pl.lit(0, pl.Int64).alias("source_line"),
             pl.col("raw_payload").alias("line"),
         )
-        checked = validate_batch(lines, [], rules)
+        checked = validate_batch(lines, [], rules, columnar_min_lines)
         parts.append(
             checked.join(group.select("pos", "ingested_at", "sequence"), on="pos", suffix="_stored")
         )
