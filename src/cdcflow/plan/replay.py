@@ -60,7 +60,8 @@ class Revalidation:
         return len(self.columns.get("event_id", []))
 
 
-_EVENT_COLUMNS = (
+#: The columns of :attr:`Revalidation.columns` (the fold input plus ``ingested_at``).
+EVENT_COLUMNS = (
     "customer_id",
     "event_id",
     "operation",
@@ -91,7 +92,7 @@ def revalidate(
     """
     pattern = re.compile(customer_id_pattern)
     rules: dict[datetime, RuleSet] = {}
-    out = Revalidation(columns={name: [] for name in _EVENT_COLUMNS})
+    out = Revalidation(columns={name: [] for name in EVENT_COLUMNS})
     cols = out.columns
     seen: set[str] = set()
     for raw, ingested_at, stored_sequence in rows:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from cdcflow.engines.local.vector_rules import UNDECIDED, validate_lines
 from cdcflow.model.events import ATTRIBUTES, CdcEvent
-from cdcflow.plan.replay import Revalidation
+from cdcflow.plan.replay import EVENT_COLUMNS, Revalidation
 from cdcflow.plan.rules import CustomerIdPattern, Rejection, RuleSet, validate_record
 from cdcflow.sources.files import LandingFile, RawRecord, scan_lines
 
@@ -333,7 +333,7 @@ def revalidate_frame(
         )
     out = Revalidation()
     if not parts:
-        out.columns = {name: [] for name in _REPLAY_COLUMNS}
+        out.columns = {name: [] for name in EVENT_COLUMNS}
         return out
     checked = pl.concat(parts).sort("pos")
     rejected = checked.filter(pl.col("reason").is_not_null())["reason"].value_counts()
@@ -342,18 +342,5 @@ def revalidate_frame(
     first = accepted.filter(pl.col("pos") == pl.col("pos").min().over("event_id"))
     out.duplicate_ids = accepted.height - first.height
     out.sequence_mismatches = int((first["sequence"] != first["sequence_stored"]).sum())
-    out.columns = {name: first[name] for name in _REPLAY_COLUMNS}
+    out.columns = {name: first[name] for name in EVENT_COLUMNS}
     return out
-
-
-_REPLAY_COLUMNS = (
-    "customer_id",
-    "event_id",
-    "operation",
-    "event_timestamp",
-    *ATTRIBUTES,
-    "present_mask",
-    "lsn",
-    "sequence",
-    "ingested_at",
-)
