@@ -28,6 +28,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -139,10 +140,15 @@ class SourceSection(_Section):
 
     ``type: postgres`` stages the changes of a PostgreSQL replication slot into the landing
     folder before each micro-batch (settings in ``postgres``; see ``cdcflow.sources.postgres``).
+
+    ``format``: the records' format — ``flat`` (cdcflow's own, the default), ``debezium``
+    (Debezium change-event values) or ``dms`` (AWS DMS records), decoded to the flat record of
+    each declared table (:mod:`cdcflow.sources.formats`); a table's own ``format`` overrides it.
+    A format other than ``flat`` needs a ``tables:`` section.
     """
 
     type: Literal["files", "postgres"] = "files"
-    format: Literal["flat"] = "flat"
+    format: Literal["flat", "debezium", "dms"] = "flat"
     path: str = "./landing"
     max_files_per_trigger: int = Field(default=1000, ge=1)
     max_records_per_trigger: int | None = Field(default=None, ge=1)
@@ -323,6 +329,16 @@ class CdcflowConfig(BaseSettings):
                         f"{about}, whose type {other} differs from the column's type {spec.type}"
                     )
         return tables
+
+    @model_validator(mode="after")
+    def _formats_need_tables(self) -> CdcflowConfig:
+        """A record format other than ``flat`` is decoded per declared table."""
+        if self.source.format != "flat" and not self.tables:
+            raise ValueError(
+                f"source.format: {self.source.format} records are decoded per declared table: "
+                "add a tables: section (the shipped customers table reads the flat format)"
+            )
+        return self
 
     def contracts(self) -> list[TableContract]:
         """The pipeline's table contracts, in declared order.

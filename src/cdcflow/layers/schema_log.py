@@ -92,8 +92,16 @@ class Change:
 
 
 def contract_json(contract: TableContract) -> str:
-    """The contract as canonical JSON (sorted keys): what ``audit/schema_log`` records."""
-    return json.dumps(contract.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The contract as canonical JSON (sorted keys): what ``audit/schema_log`` records.
+
+    ``format`` and ``truncate`` are left out at their defaults, so a contract recorded before
+    they existed reads as unchanged.
+    """
+    data = contract.model_dump(mode="json")
+    for name, default in (("format", None), ("truncate", "quarantine")):
+        if data.get(name) == default:
+            data.pop(name, None)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def widens(old: str, new: str) -> bool:

@@ -346,6 +346,12 @@ class TableContract(_Strict):
         soft_delete_values: non-key column → the value a soft DELETE sets (customers:
             ``status`` → ``DELETED``, ``shared/SEMANTICS.md`` point 1); other columns keep
             their values.
+        format: the format of this table's records where it differs from ``source.format``
+            (``flat``, ``debezium``, ``dms``: :mod:`cdcflow.sources.formats`); None = the
+            source's.
+        truncate: what a source TRUNCATE of the table does (Debezium ``op: t``): ``quarantine``
+            (reason ``SOURCE_TRUNCATE``, the default: nothing dropped silently) or ``ignore``
+            (skipped and counted in ``audit/skipped_records``).
     """
 
     name: str = Field(pattern=_IDENTIFIER)
@@ -363,6 +369,8 @@ class TableContract(_Strict):
     tables: TableNames | None = None
     derived_active: tuple[str, str] | None = None
     soft_delete_values: dict[str, str] = Field(default_factory=dict)
+    format: Literal["flat", "debezium", "dms"] | None = None
+    truncate: Literal["quarantine", "ignore"] = "quarantine"
 
     @model_validator(mode="after")
     def _consistent(self) -> TableContract:

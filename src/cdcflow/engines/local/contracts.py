@@ -7,7 +7,13 @@ checkpoint (the pipeline's offsets and commit markers).
 
 Routing: every landing file lives in ``source.path``; each record names its table in
 ``metadata.source_table`` (the flat format's field; a schema-qualified ``public.accounts``
-routes by its last part). A record that cannot be routed goes to ``quarantine/unrouted_events``
+routes by its last part), or — ``source.format`` / a table's ``format`` ``debezium`` or ``dms``
+— in its format's own field, and is decoded to the table's flat record
+(:mod:`cdcflow.plan.routing`, :mod:`cdcflow.sources.formats`). A record of a decoding format that
+is not a row change (a Kafka tombstone, an ignored truncate, a control record) is skipped and
+counted in ``audit/skipped_records`` (``batch_id``, ``skipped_at``, ``source_file``,
+``source_line``, ``table_name``, ``kind``, ``detail``; written with the audit, only when a
+format decodes). A record that cannot be routed goes to ``quarantine/unrouted_events``
 (one row per record: ``batch_id``, ``quarantined_at``, ``source_file``, ``source_line``,
 ``raw_line``, ``failure_reason``, ``failure_detail``, ``event_id``, ``source_table``) with
 ``MALFORMED_JSON`` (not a JSON object: its table cannot be read) or ``UNKNOWN_TABLE`` (no
@@ -95,7 +101,7 @@ from cdcflow.layers.schema_log import (
     widened_tables,
     with_columns,
 )
-from cdcflow.layers.tables import BATCH_LOG, QUARANTINE, TableSpec
+from cdcflow.layers.tables import BATCH_LOG, QUARANTINE, TS, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import ColumnSpec, TableContract, is_system_column
 from cdcflow.model.events import Operation
@@ -103,9 +109,11 @@ from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import ENVELOPE, ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.dedup import classify
 from cdcflow.plan.merge_spec import key_predicate, silver_merge_spec
-from cdcflow.plan.rules import Rejection, parse_record
+from cdcflow.plan.routing import UNKNOWN_TABLE, Router
+from cdcflow.plan.rules import Rejection
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import RawRecord, read_records
+from cdcflow.sources.formats import Skipped
 from cdcflow.state.checkpoint import BatchOffsets
 from cdcflow.state.faults import crash_point
 
@@ -113,8 +121,23 @@ log = get_logger("engine.local.tables")
 
 #: A field name that can be a column (``unknown_fields: evolve``).
 _COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: The reason of a record whose ``metadata.source_table`` names no declared table.
-UNKNOWN_TABLE = "UNKNOWN_TABLE"
+
+#: The records of a decoding format that are not row changes (:class:`cdcflow.sources.formats.
+#: Skipped`): one row per skipped record — Kafka tombstones, ignored truncates, control records.
+SKIPPED = TableSpec(
+    "audit/skipped_records",
+    pa.schema(
+        [
+            pa.field("batch_id", pa.int64(), nullable=False),
+            pa.field("skipped_at", TS, nullable=False),
+            pa.field("source_file", pa.string(), nullable=False),
+            pa.field("source_line", pa.int64(), nullable=False),
+            pa.field("table_name", pa.string()),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("detail", pa.string()),
+        ]
+    ),
+)
 
 UNROUTED = TableSpec(
     "quarantine/unrouted_events",
@@ -172,6 +195,8 @@ class _Routed:
 
     records: list[RawRecord] = field(default_factory=list)
     objects: list[dict[str, Any]] = field(default_factory=list)
+    #: position → the rejection of a record its format could not decode (its object is {})
+    rejections: dict[int, Rejection] = field(default_factory=dict)
 
 
 def _text(value: Any) -> str | None:
@@ -326,7 +351,8 @@ class ContractTable:
         candidates: list[tuple[int, ChangeEvent]] = []
         rejected: list[tuple[int, Rejection]] = []
         for position, obj in enumerate(routed.objects):
-            result = validator.validate_object(obj)
+            undecoded = routed.rejections.get(position)
+            result = undecoded if undecoded is not None else validator.validate_object(obj)
             if isinstance(result, Rejection):
                 rejected.append((position, result))
             else:
@@ -602,6 +628,9 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     check_replays(config)  # an unfinished replay --apply: refuse before anything is written
     contracts = config.contracts()
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
+    decodes = any((c.format or config.source.format) != "flat" for c in contracts)
+    if decodes:  # a decoding format: its skipped records are counted
+        specs.append(SKIPPED)
     for contract in contracts:
         specs += list(vars(contract_tables(contract)).values())
     paths = [spec.name for spec in specs]
@@ -619,7 +648,7 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     for contract in contracts:
         for spec in vars(contract_tables(contract)).values():
             store.ensure(spec)
-    for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG):
+    for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, *([SKIPPED] if decodes else [])):
         store.ensure(spec)
     return store, contracts, evolve_tables(store, evolutions)
 
@@ -717,6 +746,8 @@ class LocalContractsEngine:
             c.name: ContractTable(c, self.store, self.app_id, config, self._evolve)
             for c in contracts
         }
+        self.router = Router(contracts, config.source.format)
+        self._skipped: list[tuple[RawRecord, str | None, Skipped]] = []
 
     def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:
         self.schema_changes += evolve_tables(self.store, evolutions)
@@ -724,36 +755,46 @@ class LocalContractsEngine:
     def _route(
         self, offsets: BatchOffsets
     ) -> tuple[dict[str, _Routed], list[tuple[RawRecord, Rejection, str | None]], int]:
+        """Every record of the batch routed to its table and decoded (:mod:`cdcflow.plan.
+        routing`); the skipped ones are kept in ``self._skipped`` for ``audit/skipped_records``."""
         routed = {name: _Routed() for name in self.tables}
         unrouted: list[tuple[RawRecord, Rejection, str | None]] = []
+        self._skipped = []
         count = 0
         for file in offsets.files:
             for record in read_records(file, offsets.batch_id):
                 count += 1
-                if record.data is None:
-                    rejection = Rejection("MALFORMED_JSON", record.error or "unreadable")
-                    unrouted.append((record, rejection, None))
+                route = self.router.route(record.data, record.error)
+                if route.skipped is not None:
+                    self._skipped.append((record, route.table, route.skipped))
                     continue
-                parsed = parse_record(record.data)
-                if isinstance(parsed, Rejection):
-                    unrouted.append((record, parsed, None))
+                if route.table is None:
+                    assert route.rejection is not None
+                    unrouted.append((record, route.rejection, route.source_table))
                     continue
-                name = route_name(parsed)
-                if name is None or name not in routed:
-                    raw_eid = parsed.get("event_id")
-                    event_id = raw_eid.strip() if isinstance(raw_eid, str) else None
-                    detail = (
-                        "metadata.source_table is missing, null or blank"
-                        if name is None
-                        else f"metadata.source_table names no declared table "
-                        f"(declared: {', '.join(self.tables)})"
-                    )
-                    rejection = Rejection(UNKNOWN_TABLE, detail, event_id)
-                    unrouted.append((record, rejection, name))
-                    continue
-                routed[name].records.append(record)
-                routed[name].objects.append(parsed)
+                target = routed[route.table]
+                if route.rejection is not None:
+                    target.rejections[len(target.objects)] = route.rejection
+                target.records.append(record)
+                target.objects.append(route.record if route.record is not None else {})
         return routed, unrouted, count
+
+    def _skipped_rows(self, offsets: BatchOffsets) -> pa.Table:
+        return pa.Table.from_pylist(
+            [
+                {
+                    "batch_id": offsets.batch_id,
+                    "skipped_at": offsets.processing_time,
+                    "source_file": record.source_file,
+                    "source_line": record.source_line,
+                    "table_name": table,
+                    "kind": skipped.kind,
+                    "detail": skipped.detail,
+                }
+                for record, table, skipped in self._skipped
+            ],
+            schema=SKIPPED.schema,
+        )
 
     def _unrouted_rows(
         self, offsets: BatchOffsets, unrouted: list[tuple[RawRecord, Rejection, str | None]]
@@ -822,6 +863,14 @@ class LocalContractsEngine:
             append_once(
                 self.store.table(TABLE_BATCH_LOG), rows, self.app_id, batch_id, TABLE_BATCH_LOG
             )
+            if self.router.decodes:
+                append_once(
+                    self.store.table(SKIPPED),
+                    self._skipped_rows(offsets),
+                    self.app_id,
+                    batch_id,
+                    SKIPPED,
+                )
             crash_point("after_outcomes", batch_id)
             report.records_received = count
             report.accepted = sum(r.accepted for r in reports)
@@ -842,6 +891,7 @@ class LocalContractsEngine:
 
 
 __all__ = [
+    "SKIPPED",
     "TABLE_BATCH_LOG",
     "UNKNOWN_TABLE",
     "UNROUTED",

@@ -1,0 +1,123 @@
+"""Record formats of a change stream, each decoded to the flat record of a table's contract.
+
+``source.format`` names the format of every record (a landing-file line or a Kafka record
+value); a declared table's ``format`` overrides it where that table's records differ:
+
+=============== ===========================================================================
+``flat``        cdcflow's own flat JSON record (``event_id``, key and columns, ``operation``,
+                ``event_timestamp``, ``metadata.lsn``): read as it is (the default)
+``debezium``    a Debezium change-event value, JSON, with or without the ``schema`` /
+                ``payload`` wrapper (:mod:`cdcflow.sources.formats.debezium`)
+``dms``         an AWS DMS record: the JSON message format (``data`` + ``metadata``) or the
+                flat file flavour with an ``Op`` column (:mod:`cdcflow.sources.formats.dms`)
+=============== ===========================================================================
+
+A decoder turns one parsed record into one of three results:
+
+* a **flat record** (a dict in the contract's field paths): validated by
+  :class:`cdcflow.plan.contract_rules.ContractValidator` as if it had arrived flat, so every
+  reason code, the content hash (over the decoded record: a redelivery is an exact
+  ``DUPLICATE``) and the sequence rules are the flat format's;
+* a :class:`~cdcflow.plan.rules.Rejection`: the record goes to quarantine with that reason
+  (``MALFORMED_JSON`` when it is not a record of the format at all, ``INVALID_OPERATION``,
+  ``INVALID_LSN``, ``SOURCE_TRUNCATE``…); the detail never quotes a value;
+* a :class:`Skipped` record: not a change of a row (a Kafka tombstone after a delete, a
+  truncate under the ``ignore`` policy, a DMS control record): counted in
+  ``audit/skipped_records``, never quarantined.
+
+Bronze keeps the record as it was delivered (``raw_payload``); replay decodes it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from cdcflow.model.contracts import TableContract
+from cdcflow.plan.rules import Rejection
+
+#: The record formats (``source.format``, a table's ``format``).
+FORMATS = ("flat", "debezium", "dms")
+Format = Literal["flat", "debezium", "dms"]
+
+#: Reason of a source truncate under the ``quarantine`` policy.
+SOURCE_TRUNCATE = "SOURCE_TRUNCATE"
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A record that is not a row change, skipped and counted (``audit/skipped_records``).
+
+    Attributes:
+        kind: ``tombstone`` (a Kafka tombstone: null value), ``truncate`` (a source truncate,
+            ``truncate: ignore``) or ``control`` (a DMS control record).
+        detail: what it was, never a value of the record.
+    """
+
+    kind: Literal["tombstone", "truncate", "control"]
+    detail: str
+
+
+#: One decoded record: the flat record, a rejection or a skip.
+Decoded = dict[str, Any] | Rejection | Skipped
+
+
+class RecordDecoder(Protocol):
+    """Decodes records of one format (see the module doc)."""
+
+    name: str
+
+    def table_of(self, record: Any) -> str | None:
+        """The source table a parsed record names (the last dotted part), or None."""
+
+    def decode(self, record: Any, contract: TableContract) -> Decoded:
+        """One parsed record (a JSON value; None for a null value) → the flat record of
+        ``contract``, a rejection or a skip. Never raises."""
+
+
+def put_path(record: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``record[a][b]…`` for the dotted path ``a.b…`` (objects created on the way)."""
+    parts = dotted.split(".")
+    node = record
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def decoder_for(name: str, truncate: str = "quarantine") -> RecordDecoder | None:
+    """The decoder of a format, or None for ``flat`` (records are read as they are).
+
+    Args:
+        name: one of :data:`FORMATS`.
+        truncate: the truncate policy of the table (``ignore`` or ``quarantine``).
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    if name == "flat":
+        return None
+    if name == "debezium":
+        from cdcflow.sources.formats.debezium import DebeziumDecoder
+
+        return DebeziumDecoder(truncate=truncate)
+    if name == "dms":
+        from cdcflow.sources.formats.dms import DmsDecoder
+
+        return DmsDecoder(truncate=truncate)
+    raise ValueError(f"unknown record format {name!r} (one of {', '.join(FORMATS)})")
+
+
+__all__ = [
+    "FORMATS",
+    "SOURCE_TRUNCATE",
+    "Decoded",
+    "Format",
+    "RecordDecoder",
+    "Skipped",
+    "decoder_for",
+    "put_path",
+]

@@ -1,0 +1,388 @@
+"""The Debezium change-event format → the flat record of a table's contract.
+
+Follows the Debezium documentation of the PostgreSQL, MySQL and SQL Server connectors ("Data
+change events", "Data type mappings", "Custom converters") and Kafka Connect's JsonConverter:
+
+* **Envelope.** The record is the Kafka record value, JSON: ``{"schema": …, "payload": …}``
+  (JsonConverter ``schemas.enable=true``) or the payload alone (``false``). The payload holds
+  ``op``, ``before``, ``after``, ``source``, ``ts_ms`` (and ``transaction`` when enabled).
+* **Operations.** ``c`` → INSERT, ``r`` (snapshot read) → INSERT, ``u`` → UPDATE, ``d`` →
+  DELETE, ``t`` → the table's truncate policy (``ignore``: skipped and counted;
+  ``quarantine``: reason ``SOURCE_TRUNCATE``), ``m`` (a logical decoding message) → skipped as
+  ``control``. Any other ``op`` is ``INVALID_OPERATION``. A null value (the Kafka tombstone
+  Debezium writes after a delete, or ``{"schema": null, "payload": null}``) is skipped as
+  ``tombstone``, never quarantined.
+* **Row.** From ``after`` (``c``, ``r``, ``u``); a ``d`` carries only the key columns, read
+  from ``before``. Every other column of ``after`` is a field of the flat record under its
+  source name (the contract's ``source`` / column name). A value equal to Debezium's
+  unavailable-value placeholder ``__debezium_unavailable_value`` (an unchanged TOASTed column;
+  also its base64 form for binary and decimal columns, and ``[placeholder]`` for arrays) means
+  "unchanged": the column is left out of the record (absent = unchanged, the partial-update
+  rule), never stored as a value.
+* **Logical types** (from the ``schema`` of ``after``/``before`` when present, else from the
+  contract's column type): ``org.apache.kafka.connect.data.Decimal`` (base64 two's-complement
+  big-endian unscaled bytes, ``parameters.scale``) and ``io.debezium.data.VariableScaleDecimal``
+  (``{"scale", "value"}``) → the exact decimal text; ``io.debezium.time.Date`` /
+  ``org.apache.kafka.connect.data.Date`` (days since 1970-01-01) → ``YYYY-MM-DD``;
+  ``io.debezium.time.Timestamp`` / ``org.apache.kafka.connect.data.Timestamp`` (epoch ms),
+  ``MicroTimestamp`` (µs), ``NanoTimestamp`` (ns) → ISO-8601 UTC; ``ZonedTimestamp`` (ISO text)
+  as it is; ``io.debezium.data.Json`` → its JSON value for a ``json`` column. Without a schema
+  an integer for a ``timestamp`` column is read by magnitude (below 10^14: ms; below 10^17:
+  µs; else ns) and a non-numeric string for a ``decimal(p,s)`` column as base64 at scale ``s``
+  — turn ``schemas.enable`` on to avoid guessing.
+* **Event time.** ``source.ts_ns``, else ``source.ts_us``, else ``source.ts_ms`` (the time of
+  the change in the database), as ISO-8601 UTC.
+* **Sequence** (``lsn_field``, a decimal number below 2**128, by ``source.connector``):
+
+  - ``postgresql``: ``(last commit LSN << 64) | lsn`` from ``source.sequence``
+    (``["<last commit LSN>", "<LSN>"]``, a null entry is 0), else ``(lsn << 64) | lsn`` from
+    ``source.lsn``. Changes reach the stream in commit order, so the pair orders them.
+  - ``mysql`` / ``mariadb``: the binlog position compared number by number —
+    ``(file index << 96) | (pos << 32) | row`` where the file index is the number after the
+    last ``.`` of ``source.file`` (``mysql-bin.000010`` → 10, after ``mysql-bin.000009``).
+  - ``sqlserver``: ``(change_lsn << 32) | event_serial_no`` (``commit_lsn`` when a snapshot
+    row has no ``change_lsn``). Per key this is commit order: a row is changed by one open
+    transaction at a time.
+
+  A position that is missing is ``NULL_LSN``; one that is not numeric, too large, or of
+  another connector is ``INVALID_LSN``.
+* **Event id** (deterministic, so a redelivery of the same Kafka record is an exact
+  ``DUPLICATE``): ``dbz-<connector>-<position>-<op>-<key hash>`` where the key hash is the
+  first 16 hex digits of the SHA-256 of the key's canonical JSON (snapshot rows share a
+  position; a primary-key change emits a delete and a create at one position).
+* **Metadata.** ``metadata.source_table`` = ``<schema or db>.<table>``, ``metadata.tx_id`` =
+  ``source.txId`` / ``transaction.id``, ``metadata.connector``, ``metadata.position`` (the
+  position as text: ``file:pos:row``, ``lastcommit/lsn``…).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from cdcflow.model.contracts import TableContract, canonical_json, parse_type
+from cdcflow.plan.rules import JsonNumber, Rejection
+from cdcflow.sources.formats import SOURCE_TRUNCATE, Decoded, Skipped, put_path
+
+#: Debezium's placeholder for a value it did not receive (unchanged TOASTed column).
+UNAVAILABLE = "__debezium_unavailable_value"
+_UNAVAILABLE_B64 = base64.b64encode(UNAVAILABLE.encode()).decode()
+_OPERATIONS = {"c": "INSERT", "r": "INSERT", "u": "UPDATE", "d": "DELETE"}
+_NUMERIC = re.compile(r"^\s*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_DAY = date(1970, 1, 1)
+_BITS_64 = (1 << 64) - 1
+_BITS_32 = (1 << 32) - 1
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+_DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+_TIMESTAMPS = {
+    "io.debezium.time.Timestamp": 1_000_000,  # nanoseconds per unit
+    "org.apache.kafka.connect.data.Timestamp": 1_000_000,
+    "io.debezium.time.MicroTimestamp": 1_000,
+    "io.debezium.time.NanoTimestamp": 1,
+}
+_JSON = "io.debezium.data.Json"
+
+
+class _BadPosition(ValueError):
+    """The source position cannot be read as a number (message names the field only)."""
+
+
+def unwrap(record: Any) -> tuple[Any, dict[str, Any] | None]:
+    """``(payload, schema)`` of a change-event value: the JsonConverter wrapper removed."""
+    if isinstance(record, dict) and "payload" in record and "schema" in record:
+        schema = record.get("schema")
+        return record.get("payload"), schema if isinstance(schema, dict) else None
+    return record, None
+
+
+def row_schema(schema: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Column name → its field schema, from the value schema's ``after`` (or ``before``)."""
+    if schema is None:
+        return {}
+    for struct in schema.get("fields") or ():
+        if isinstance(struct, dict) and struct.get("field") in ("after", "before"):
+            return {
+                str(f.get("field")): f
+                for f in struct.get("fields") or ()
+                if isinstance(f, dict) and "field" in f
+            }
+    return {}
+
+
+def _iso(nanoseconds: int) -> str:
+    """Epoch nanoseconds → ISO-8601 UTC text with 9 fraction digits (``…Z``).
+
+    Raises:
+        OverflowError: outside the years 1..9999.
+    """
+    micros, nanos = divmod(nanoseconds, 1000)
+    stamp = _EPOCH + timedelta(microseconds=micros)
+    return f"{stamp:%Y-%m-%dT%H:%M:%S}.{stamp.microsecond:06d}{nanos:03d}Z"
+
+
+def _unscaled(text: str) -> int:
+    """The two's-complement big-endian integer of a base64 text (Connect's Decimal bytes).
+
+    Raises:
+        ValueError: not base64.
+    """
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def _decimal_text(unscaled: int, scale: int) -> str:
+    return format(Decimal(unscaled).scaleb(-scale), "f")
+
+
+def _unavailable(value: Any) -> bool:
+    return value in (UNAVAILABLE, _UNAVAILABLE_B64) or value == [UNAVAILABLE]
+
+
+def decode_value(value: Any, field: dict[str, Any] | None, column_type: str | None) -> Any:
+    """One column value of ``after``/``before`` → the value the contract's coercion reads.
+
+    Args:
+        value: the JSON value.
+        field: the column's Connect field schema (``name`` = logical type, ``parameters``), or
+            None without a schema.
+        column_type: the contract's type of the column, or None for a column it does not know.
+
+    Returns:
+        The decoded value; a value that cannot be decoded becomes a text naming its logical
+        type, which the contract then rejects as ``SCHEMA_MISMATCH`` (never a guessed value).
+    """
+    if value is None:
+        return None
+    logical = field.get("name") if field else None
+    kind = parse_type(column_type)[0] if column_type else None
+    scale = parse_type(column_type)[2] if kind == "decimal" and column_type else 0
+    try:
+        if logical == DECIMAL or (
+            logical is None
+            and kind == "decimal"
+            and isinstance(value, str)
+            and not _NUMERIC.match(value)
+        ):
+            if not isinstance(value, str):  # decimal.handling.mode string/double
+                return value
+            if logical == DECIMAL:
+                scale = int((field or {}).get("parameters", {}).get("scale", 0))
+            return _decimal_text(_unscaled(value), scale)
+        if logical == VARIABLE_DECIMAL or (
+            logical is None and kind == "decimal" and isinstance(value, dict)
+        ):
+            return _decimal_text(_unscaled(str(value["value"])), int(value["scale"]))
+        if logical in _DATES or (logical is None and kind == "date" and _is_int(value)):
+            return (_EPOCH_DAY + timedelta(days=int(value))).isoformat()
+        if logical in _TIMESTAMPS and _is_int(value):
+            return _iso(int(value) * _TIMESTAMPS[logical])
+        if logical is None and kind == "timestamp" and _is_int(value):
+            number = int(value)
+            unit = 1_000_000 if abs(number) < 10**14 else 1_000 if abs(number) < 10**17 else 1
+            return _iso(number * unit)
+        if (logical == _JSON or logical is None) and kind == "json" and isinstance(value, str):
+            return json.loads(value, parse_float=JsonNumber)
+    except (ValueError, KeyError, TypeError, OverflowError, binascii.Error):
+        return f"<undecodable {logical or column_type}>"
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any, name: str, bits: int) -> int:
+    """A non-negative integer of at most ``bits`` bits from a JSON integer or digit string.
+
+    Raises:
+        _BadPosition: anything else.
+    """
+    if _is_int(value):
+        number = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    else:
+        raise _BadPosition(f"source.{name} is not a non-negative integer")
+    if number < 0 or number >> bits:
+        raise _BadPosition(f"source.{name} is out of range ({bits} bits)")
+    return number
+
+
+def position(source: dict[str, Any]) -> tuple[str, int] | None:
+    """``(position text, sequence number)`` of a change's ``source`` block (module doc).
+
+    Returns:
+        None when the position is missing (``NULL_LSN``).
+
+    Raises:
+        _BadPosition: the position is not numeric, too large, or of an unsupported connector.
+    """
+    connector = str(source.get("connector") or "")
+    if connector == "postgresql":
+        sequence = source.get("sequence")
+        if isinstance(sequence, str) and sequence.strip():
+            try:
+                pair = json.loads(sequence)
+            except ValueError:
+                raise _BadPosition("source.sequence is not a JSON array") from None
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise _BadPosition("source.sequence is not [last commit LSN, LSN]")
+            last = 0 if pair[0] is None else _number(pair[0], "sequence", 64)
+            if pair[1] is None and source.get("lsn") is None:
+                return None
+            lsn = _number(pair[1] if pair[1] is not None else source["lsn"], "sequence", 64)
+            return f"{last}/{lsn}", (last << 64) | lsn
+        if source.get("lsn") is None:
+            return None
+        lsn = _number(source["lsn"], "lsn", 64)
+        return f"{lsn}/{lsn}", (lsn << 64) | lsn
+    if connector in ("mysql", "mariadb"):
+        file, pos = source.get("file"), source.get("pos")
+        if file is None or pos is None:
+            return None
+        suffix = str(file).rsplit(".", 1)[-1]
+        if not suffix.isdigit():
+            raise _BadPosition("source.file has no numeric extension")
+        index = _number(suffix, "file", 32)
+        offset = _number(pos, "pos", 64)
+        row = _number(source.get("row") or 0, "row", 32)
+        return f"{file}:{offset}:{row}", (index << 96) | (offset << 32) | row
+    if connector == "sqlserver":
+        from cdcflow.model.lsn import LsnError, parse_lsn
+
+        lsn_text = source.get("change_lsn") or source.get("commit_lsn")
+        if lsn_text is None:
+            return None
+        try:
+            lsn = parse_lsn(lsn_text)
+        except LsnError:
+            raise _BadPosition("source.change_lsn is not a SQL Server LSN") from None
+        if lsn >> 80:
+            raise _BadPosition("source.change_lsn is out of range (80 bits)")
+        serial = _number(source.get("event_serial_no") or 0, "event_serial_no", 32)
+        commit = source.get("commit_lsn") or ""
+        return f"{commit}:{lsn_text}:{serial}", (lsn << 32) | serial
+    raise _BadPosition(
+        f"source.connector {connector or 'missing'}: not one of postgresql, mysql, mariadb, "
+        "sqlserver"
+    )
+
+
+def _timestamp(source: dict[str, Any]) -> str | None:
+    for name, unit in (("ts_ns", 1), ("ts_us", 1_000), ("ts_ms", 1_000_000)):
+        value = source.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return _iso(value * unit)
+            except OverflowError:
+                return f"<out of range source.{name}>"
+    return None
+
+
+def key_hash(values: list[Any]) -> str:
+    """First 16 hex digits of the SHA-256 of the key values' canonical JSON."""
+    return hashlib.sha256(canonical_json(values).encode("utf-8")).hexdigest()[:16]
+
+
+class DebeziumDecoder:
+    """Decodes Debezium change-event values (module doc).
+
+    Args:
+        truncate: the table's truncate policy: ``ignore`` (skipped, counted) or
+            ``quarantine`` (reason ``SOURCE_TRUNCATE``).
+    """
+
+    name = "debezium"
+
+    def __init__(self, truncate: str = "quarantine") -> None:
+        self.truncate = truncate
+
+    def table_of(self, record: Any) -> str | None:
+        """The table named by ``payload.source.table``, or None."""
+        payload, _ = unwrap(record)
+        source = payload.get("source") if isinstance(payload, dict) else None
+        table = source.get("table") if isinstance(source, dict) else None
+        return table.strip() if isinstance(table, str) and table.strip() else None
+
+    def decode(self, record: Any, contract: TableContract) -> Decoded:
+        """A change-event value → the flat record of ``contract`` (module doc). Never raises."""
+        try:
+            return self._decode(record, contract)
+        except Exception as exc:  # a record is data, never a stream-stopping error
+            return Rejection("MALFORMED_JSON", f"undecodable Debezium event ({type(exc).__name__})")
+
+    def _decode(self, record: Any, contract: TableContract) -> Decoded:
+        payload, schema = unwrap(record)
+        if payload is None:
+            return Skipped("tombstone", "a Kafka tombstone (null value after a delete)")
+        if not isinstance(payload, dict) or not isinstance(payload.get("source"), dict):
+            return Rejection(
+                "MALFORMED_JSON", "not a Debezium change event (no payload with op and source)"
+            )
+        source: dict[str, Any] = payload["source"]
+        op = payload.get("op")
+        if op == "t":
+            if self.truncate == "ignore":
+                return Skipped("truncate", "a source TRUNCATE (truncate: ignore)")
+            return Rejection(
+                SOURCE_TRUNCATE,
+                "a source TRUNCATE removed every row of the table (truncate: quarantine); not "
+                "applied to Silver",
+            )
+        if op == "m":
+            return Skipped("control", "a logical decoding message (op m)")
+        if op not in _OPERATIONS:
+            return Rejection(
+                "INVALID_OPERATION", "op is not one of c, r, u, d, t (Debezium change event)"
+            )
+        operation = _OPERATIONS[op]
+        row = payload.get("before" if op == "d" else "after")
+        row = row if isinstance(row, dict) else {}
+        fields = row_schema(schema)
+        types = {c.field: c.type for c in contract.columns}
+        key_fields = [contract.column(k).field for k in contract.keys]
+
+        flat: dict[str, Any] = {}
+        names = key_fields if op == "d" else list(row)
+        for name in names:
+            if name not in row or _unavailable(row[name]):
+                continue
+            flat[name] = decode_value(row[name], fields.get(name), types.get(name))
+        try:
+            found = position(source)
+        except _BadPosition as exc:
+            return Rejection("INVALID_LSN", str(exc))
+        connector = str(source.get("connector"))
+        key = key_hash([flat.get(name) for name in key_fields])
+        position_text = found[0] if found else "none"
+        put_path(flat, contract.event_id_field, f"dbz-{connector}-{position_text}-{op}-{key}")
+        put_path(flat, contract.operation_field, operation)
+        timestamp = _timestamp(source)
+        if timestamp is not None:
+            put_path(flat, contract.timestamp_field, timestamp)
+        if found is not None:
+            put_path(flat, contract.lsn_field, str(found[1]))
+        schema_name = source.get("schema") or source.get("db") or ""
+        transaction = payload.get("transaction")
+        tx_id = source.get("txId")
+        if tx_id is None and isinstance(transaction, dict):
+            tx_id = transaction.get("id")
+        metadata = flat.setdefault("metadata", {})
+        if isinstance(metadata, dict):
+            metadata.setdefault("source_table", f"{schema_name}.{source.get('table')}")
+            metadata.setdefault("tx_id", None if tx_id is None else str(tx_id))
+            metadata.setdefault("connector", connector)
+            metadata.setdefault("position", position_text)
+        return flat
+
+
+__all__ = ["UNAVAILABLE", "DebeziumDecoder", "decode_value", "key_hash", "position", "unwrap"]
