@@ -571,3 +571,36 @@ def test_a_debezium_landing_file_end_to_end_with_replay(tmp_path: Path) -> None:
     )
     [replay] = [r for r in replay_tables(config) if r.table == "accounts"]
     assert replay.report is not None and replay.report.ok and replay.silver_rows == 2
+
+
+def dbz_files(seed: int) -> list[list[str]]:
+    """A fixed Debezium workload of both tables (for the engines' conformance test): creates,
+    updates with TOAST placeholders, deletes and their tombstones, a truncate of each table,
+    an event of no declared table, re-deliveries; shuffled and cut into five files."""
+    import random
+
+    rng = random.Random(seed)
+    lines: list[str] = []
+    for i in range(60):
+        lsn = 1000 + 10 * i
+        table = rng.choice(["accounts", "accounts", "orders", "nowhere"])
+        op = rng.choice(["c", "u", "u", "d", "r"]) if i != 30 else "t"
+        if table == "orders":
+            key: dict[str, Any] = {"order_id": rng.choice(["O-1", "O-2", "O-3"])}
+            row = {**key, "amount": decimal_b64(rng.choice(["1.5", "-2.125"]), 3),
+                   "placed_at": rng.choice(["2024-01-01T00:00:00Z", UNAVAILABLE])}  # fmt: skip
+            fields = ORDER_FIELDS
+        else:
+            key = {"account_id": rng.randint(1, 5)}
+            row = account_row(key["account_id"], owner=rng.choice(["A", "B", UNAVAILABLE]))
+            fields = ACCOUNT_FIELDS
+        value = dbz(op, None if op == "d" else row, key if op == "d" else None, lsn=lsn,
+                    schema=rng.random() < 0.5, table=table, fields=fields)  # fmt: skip
+        lines.append(json.dumps(value))
+        if op == "d":
+            lines.append("null")
+        if rng.random() < 0.2:
+            lines.append(json.dumps(value))
+    rng.shuffle(lines)
+    cuts = sorted(rng.sample(range(1, len(lines)), 4))
+    return [lines[a:b] for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=True)]

@@ -131,7 +131,8 @@ def replay_table(
     rows = read.filter(~pl.col("is_duplicate")).sort("sequence")
     skew = config.processing.max_clock_skew
     validators: dict[Any, ContractValidator] = {}
-    router = Router([contract], config.source.format)  # Bronze keeps the record as delivered
+    declared = next((c for c in config.contracts() if c.name == contract.name), contract)
+    router = Router([declared], config.source.format)  # Bronze keeps the record as delivered
     events: list[ChangeEvent] = []
     result = TableReplay(contract.name, bronze.version())
     for raw, ingested_at in rows.select("raw_payload", "ingested_at").iter_rows():

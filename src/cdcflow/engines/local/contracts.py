@@ -746,7 +746,8 @@ class LocalContractsEngine:
             c.name: ContractTable(c, self.store, self.app_id, config, self._evolve)
             for c in contracts
         }
-        self.router = Router(contracts, config.source.format)
+        # the declared contracts: a decoded value never depends on a column evolved later
+        self.router = Router(config.contracts(), config.source.format)
         self._skipped: list[tuple[RawRecord, str | None, Skipped]] = []
 
     def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:

@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.contracts import (
+    SKIPPED,
     TABLE_BATCH_LOG,
     UNKNOWN_TABLE,
     UNROUTED,
@@ -71,9 +72,11 @@ from cdcflow.model.contracts import TableContract
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
+from cdcflow.plan.routing import Router
 from cdcflow.plan.rules import Rejection, parse_record
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import content_lines
+from cdcflow.sources.formats import Skipped
 from cdcflow.state.checkpoint import BatchOffsets
 from cdcflow.state.faults import crash_point
 
@@ -103,6 +106,8 @@ ROUTED_SCHEMA = pa.schema(
         pa.field("event_id", pa.string()),
         pa.field("source_table", pa.string()),
         pa.field("unknown_kinds", pa.string()),
+        pa.field("skipped_kind", pa.string()),
+        pa.field("skipped_detail", pa.string()),
     ]
 )
 #: A value of each JSON kind :func:`route_files` reports for an unknown field: the type
@@ -143,6 +148,7 @@ def route_files(
     batches: Iterator[pa.RecordBatch],
     names: tuple[str, ...],
     evolving: dict[str, frozenset[str]] | None = None,
+    router: Router | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` function: landing files → routed lines (``ROUTED_SCHEMA``).
 
@@ -153,6 +159,11 @@ def route_files(
     local engine decides. For a record of a table of ``evolving`` (table → the fields its
     contract knows: ``unknown_fields: evolve``), ``unknown_kinds`` is a JSON object of its
     other top-level fields and the kind of each one's value (a key of :data:`KIND_VALUES`).
+
+    With a ``router`` whose formats decode (``source.format`` / a table's ``format``), records
+    are routed and decoded by :class:`cdcflow.plan.routing.Router`, as the local engine does: a
+    skipped record has ``skipped_kind`` / ``skipped_detail`` (its table, if any, in
+    ``source_table``) and no ``table_name``.
     """
     declared = set(names)
     evolving = evolving or {}
@@ -172,7 +183,22 @@ def route_files(
                 cols["file_name"].append(PurePosixPath(file).name)
                 cols["raw"].append((data or b"").decode("utf-8", "backslashreplace"))
                 table = reason = detail = event_id = source = kinds = None
-                if data is None:
+                skip_kind = skip_detail = None
+                if router is not None and router.decodes:
+                    route = router.route(data, error)
+                    table = route.table
+                    if route.skipped is not None:
+                        skip_kind, skip_detail = route.skipped.kind, route.skipped.detail
+                        source, table = route.table, None
+                    elif table is None:
+                        assert route.rejection is not None
+                        reason, detail = route.rejection.reason, route.rejection.detail
+                        event_id, source = route.rejection.event_id, route.source_table
+                    elif route.record is not None and table in evolving:
+                        fields = evolving[table]
+                        unknown = {k: _kind(v) for k, v in route.record.items() if k not in fields}
+                        kinds = json.dumps(unknown) if unknown else None
+                elif data is None:
                     reason, detail = "MALFORMED_JSON", error or "unreadable"
                 else:
                     parsed = parse_record(data)
@@ -202,6 +228,8 @@ def route_files(
                 cols["event_id"].append(event_id)
                 cols["source_table"].append(source if table is None else None)
                 cols["unknown_kinds"].append(kinds)
+                cols["skipped_kind"].append(skip_kind)
+                cols["skipped_detail"].append(skip_detail)
             yield pa.RecordBatch.from_pydict(cols, schema=ROUTED_SCHEMA)
 
 
@@ -229,9 +257,12 @@ def validate_lines(
     contract: TableContract,
     processing_time: datetime,
     max_clock_skew: timedelta,
+    router: Router | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` function: one table's routed lines → validated records
-    (:func:`record_schema`), by the contract's rules (the local engine's validator)."""
+    (:func:`record_schema`), by the contract's rules (the local engine's validator); a
+    ``router`` that decodes gives each line's flat record first (its decode rejection is the
+    line's)."""
     schema = record_schema(contract)
     validator = ContractValidator(contract, processing_time, max_clock_skew)
     attributes = [c.name for c in contract.attributes]
@@ -241,11 +272,21 @@ def validate_lines(
         for row in batch.select(LINE_COLUMNS).to_pylist():
             for name in LINE_COLUMNS:
                 cols[name].append(row[name])
-            parsed = parse_record(row["raw"])
-            assert not isinstance(parsed, Rejection)  # routed lines are JSON objects
+            result: ChangeEvent | Rejection
+            if router is not None and router.decodes:
+                decoded = router.decode_raw(contract.name, row["raw"])
+                assert not isinstance(decoded, Skipped)  # skipped lines are not routed
+                parsed = decoded if isinstance(decoded, dict) else {}
+                result = (
+                    decoded if isinstance(decoded, Rejection) else validator.validate_object(parsed)
+                )
+            else:
+                parsed_line = parse_record(row["raw"])
+                assert not isinstance(parsed_line, Rejection)  # routed lines are JSON objects
+                parsed = parsed_line
+                result = validator.validate_object(parsed)
             for key in keys:
                 cols[f"_q_{key}"].append(_text(parsed.get(contract.column(key).field)))
-            result = validator.validate_object(parsed)
             if isinstance(result, Rejection):
                 cols["ok"].append(False)
                 cols["failure_reason"].append(result.reason)
@@ -295,6 +336,8 @@ class SparkContractsEngine(SparkEngine):
         #: the contract changes this run recorded (``table <name>: <change>``), for the CLI
         self.schema_changes: list[str] = changes
         self._modes = ",".join(sorted({c.delete_mode for c in self.contracts}))
+        # the declared contracts: a decoded value never depends on a column evolved later
+        self.router = Router(config.contracts(), config.source.format)
         self._start(config)
 
     # ------------------------------------------------------------------ one micro-batch
@@ -335,7 +378,7 @@ class SparkContractsEngine(SparkEngine):
                     "content",
                 )
                 .mapInArrow(
-                    partial(route_files, names=names, evolving=evolving),
+                    partial(route_files, names=names, evolving=evolving, router=self.router),
                     _spark_schema(ROUTED_SCHEMA),
                 )
                 .persist(StorageLevel.MEMORY_AND_DISK)
@@ -353,7 +396,9 @@ class SparkContractsEngine(SparkEngine):
             inline_sync(self.config, report)
         with report.stage("audit"):
             pt = F.lit(offsets.processing_time).cast("timestamp")
-            unrouted = routed.filter(F.col("table_name").isNull()).select(
+            unrouted = routed.filter(
+                F.col("table_name").isNull() & F.col("skipped_kind").isNull()
+            ).select(
                 F.lit(batch_id).alias("batch_id"),
                 pt.alias("quarantined_at"),
                 "source_file",
@@ -366,11 +411,25 @@ class SparkContractsEngine(SparkEngine):
             )
             counted = routed.agg(
                 F.count("*").alias("received"),
-                F.count(F.when(F.col("table_name").isNull(), 1)).alias("unrouted"),
+                F.count(
+                    F.when(F.col("table_name").isNull() & F.col("skipped_kind").isNull(), 1)
+                ).alias("unrouted"),
+                F.count(F.when(F.col("skipped_kind").isNotNull(), 1)).alias("skipped"),
             ).first()
             assert counted is not None
             if counted["unrouted"]:
                 self._append(unrouted, UNROUTED, batch_id)
+            if self.router.decodes:
+                skipped = routed.filter(F.col("skipped_kind").isNotNull()).select(
+                    F.lit(batch_id).alias("batch_id"),
+                    pt.alias("skipped_at"),
+                    "source_file",
+                    "source_line",
+                    F.col("source_table").alias("table_name"),
+                    F.col("skipped_kind").alias("kind"),
+                    F.col("skipped_detail").alias("detail"),
+                )
+                self._append(skipped, SKIPPED, batch_id)
             self._append_rows([vars(r) for r in reports], TABLE_BATCH_LOG, batch_id)
             crash_point("after_outcomes", batch_id)
             report.records_received = counted["received"]
@@ -448,6 +507,7 @@ class SparkContractsEngine(SparkEngine):
             contract=contract,
             processing_time=offsets.processing_time,
             max_clock_skew=rules.max_clock_skew,
+            router=self.router,
         )
         records = (
             routed.filter(F.col("table_name") == contract.name)

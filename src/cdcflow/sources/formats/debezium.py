@@ -190,7 +190,10 @@ def decode_value(value: Any, field: dict[str, Any] | None, column_type: str | No
             unit = 1_000_000 if abs(number) < 10**14 else 1_000 if abs(number) < 10**17 else 1
             return _iso(number * unit)
         if (logical == _JSON or logical is None) and kind == "json" and isinstance(value, str):
-            return json.loads(value, parse_float=JsonNumber)
+            try:
+                return json.loads(value, parse_float=JsonNumber)
+            except ValueError:
+                return value  # not JSON text: the string itself is the JSON value
     except (ValueError, KeyError, TypeError, OverflowError, binascii.Error):
         return f"<undecodable {logical or column_type}>"
     return value
