@@ -50,6 +50,7 @@ XDIST_GROUPS = {
     "spark_crash": "spark_crash",
     "spark": "spark",
     "postgres": "pg_server",
+    "kafka": "kafka_broker",
     "docs": "docs",
 }
 
@@ -71,7 +72,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 #: collection order): the long serial groups first, each starting at once on a worker of its
 #: own (the Spark crash chain, ~500 s, used to start only after a few hundred short tests and
 #: finish alone at the end), then the short tests filling the workers as they free up.
-GROUP_ORDER = ("spark_crash", "spark", "docs", "postgres")
+GROUP_ORDER = ("spark_crash", "spark", "docs", "kafka", "postgres")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

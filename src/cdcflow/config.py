@@ -14,7 +14,7 @@ import difflib
 import os
 import re
 import warnings
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -126,6 +126,61 @@ class PostgresSourceSection(_Section):
     max_changes_per_batch: int = Field(default=10000, ge=1)
 
 
+class KafkaSourceSection(_Section):
+    """``source.kafka``: the Kafka source (``source.type: kafka``, :mod:`cdcflow.sources.kafka`).
+
+    ``bootstrap_servers``: ``host:port[,host:port…]``. ``topics``: topic names; and/or
+    ``topic_pattern``: an RE2 pattern a topic name must fully match (topics created while
+    running are picked up, as are partitions added to a topic). ``topic_tables``: topic →
+    declared table; a topic not listed maps to the last dotted part of its name (Debezium's
+    ``<prefix>.<schema>.<table>``). ``starting_offsets``: where a partition seen for the
+    first time starts: ``earliest``, ``latest`` or an ISO-8601 instant (the first record at
+    or after it). ``group_id``: the consumer group whose committed offsets are updated after
+    each committed micro-batch, for monitoring only (empty: no commits); cdcflow's own
+    checkpoint is the source of truth. ``options``: librdkafka settings passed through
+    (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``…); ``secret_options_env``
+    / ``secret_options_file``: a setting → the environment variable / file holding its value
+    (``sasl.password``…), never in the config and never logged. ``poll_timeout``: how long a
+    trigger waits for the records it planned before failing (the broker is down).
+    """
+
+    bootstrap_servers: str = "127.0.0.1:39092"
+    topics: list[str] = Field(default_factory=list)
+    topic_pattern: str = ""
+    topic_tables: dict[str, str] = Field(default_factory=dict)
+    starting_offsets: str = "earliest"
+    group_id: str = ""
+    options: dict[str, str] = Field(default_factory=dict)
+    secret_options_env: dict[str, str] = Field(default_factory=dict)
+    secret_options_file: dict[str, str] = Field(default_factory=dict)
+    poll_timeout: Duration = timedelta(seconds=60)
+
+    @field_validator("starting_offsets")
+    @classmethod
+    def _start(cls, value: str) -> str:
+        if value in ("earliest", "latest"):
+            return value
+        try:
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError("earliest, latest or an ISO-8601 instant") from None
+        return value
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        if value:
+            import re2
+
+            options = re2.Options()
+            options.log_errors = False
+            try:
+                re2.compile(value, options)
+            except re2.error as exc:
+                raise ValueError(f"not an RE2 pattern: {exc}") from None
+        return value
+
+
 class SourceSection(_Section):
     """``source``: landing folder of JSON-lines files and the micro-batch size limit.
 
@@ -147,7 +202,7 @@ class SourceSection(_Section):
     A format other than ``flat`` needs a ``tables:`` section.
     """
 
-    type: Literal["files", "postgres"] = "files"
+    type: Literal["files", "postgres", "kafka"] = "files"
     format: Literal["flat", "debezium", "dms"] = "flat"
     path: str = "./landing"
     max_files_per_trigger: int = Field(default=1000, ge=1)
@@ -155,6 +210,7 @@ class SourceSection(_Section):
     max_bytes_per_trigger: int | None = Field(default=None, ge=1)
     min_file_age: Duration = timedelta(0)
     postgres: PostgresSourceSection = Field(default_factory=PostgresSourceSection)
+    kafka: KafkaSourceSection = Field(default_factory=KafkaSourceSection)
 
 
 class CheckpointSection(_Section):
@@ -332,7 +388,15 @@ class CdcflowConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _formats_need_tables(self) -> CdcflowConfig:
-        """A record format other than ``flat`` is decoded per declared table."""
+        """A record format other than ``flat`` is decoded per declared table; so is a topic."""
+        if self.source.type == "kafka" and not self.tables:
+            raise ValueError(
+                "source.type: kafka maps each topic to a declared table: add a tables: section"
+            )
+        if self.source.type == "kafka" and not (
+            self.source.kafka.topics or self.source.kafka.topic_pattern
+        ):
+            raise ValueError("source.kafka.topics: name the topics (or a topic_pattern)")
         if self.source.format != "flat" and not self.tables:
             raise ValueError(
                 f"source.format: {self.source.format} records are decoded per declared table: "

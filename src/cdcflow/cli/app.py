@@ -271,7 +271,7 @@ def main() -> None:
         if _state["debug"]:
             traceback.print_exc()
         print_error(str(exc))
-        sys.exit(2)
+        sys.exit(int(getattr(exc, "exit_code", 2)))
     except (typer.Abort, KeyboardInterrupt):
         print_error("aborted")
         sys.exit(130)

@@ -132,7 +132,7 @@ def replay_table(
     skew = config.processing.max_clock_skew
     validators: dict[Any, ContractValidator] = {}
     declared = next((c for c in config.contracts() if c.name == contract.name), contract)
-    router = Router([declared], config.source.format)  # Bronze keeps the record as delivered
+    router = Router.of(config, [declared])  # Bronze keeps the record as delivered
     events: list[ChangeEvent] = []
     result = TableReplay(contract.name, bronze.version())
     for raw, ingested_at in rows.select("raw_payload", "ingested_at").iter_rows():

@@ -28,6 +28,9 @@ from cdcflow.plan.contract_rules import route_name
 from cdcflow.plan.rules import Rejection, parse_record
 from cdcflow.sources.formats import RecordDecoder, Skipped, decoder_for
 
+#: The envelope field of a staged Kafka record (:data:`cdcflow.sources.kafka.ENVELOPE`).
+ENVELOPE = "_kafka"
+
 #: The reason of a record whose table names no declared table.
 UNKNOWN_TABLE = "UNKNOWN_TABLE"
 
@@ -66,9 +69,24 @@ class Router:
     Args:
         contracts: the declared tables, in order.
         source_format: ``source.format``.
+        topic_tables: ``source.kafka.topic_tables`` of a Kafka source (a topic not listed
+            maps to the last dotted part of its name); None for another source.
     """
 
-    def __init__(self, contracts: list[TableContract], source_format: str) -> None:
+    @classmethod
+    def of(cls, config: Any, contracts: list[TableContract] | None = None) -> Router:
+        """The router of a pipeline config (its declared contracts unless ``contracts``)."""
+        kafka = config.source.kafka.topic_tables if config.source.type == "kafka" else None
+        return cls(contracts or config.contracts(), config.source.format, kafka)
+
+    def __init__(
+        self,
+        contracts: list[TableContract],
+        source_format: str,
+        topic_tables: dict[str, str] | None = None,
+    ) -> None:
+        #: a Kafka source's topic → table mapping (None: not a Kafka source)
+        self.topic_tables = topic_tables
         self.names = tuple(c.name for c in contracts)
         self.contracts = {c.name: c for c in contracts}
         self.formats = {c.name: c.format or source_format for c in contracts}
@@ -80,8 +98,8 @@ class Router:
         self._probes = {f: decoder_for(f) for f in self._order}
         dms = [n for n in self.names if self.formats[n] == "dms"]
         self._only_dms = dms[0] if len(dms) == 1 else None
-        #: whether any table reads a format other than flat (skips can happen)
-        self.decodes = any(f != "flat" for f in self._order)
+        #: whether records can be skipped: a format other than flat, or Kafka tombstones
+        self.decodes = topic_tables is not None or any(f != "flat" for f in self._order)
 
     def route(self, data: bytes | None, error: str | None = None) -> Route:
         """Route one raw record (``data`` None: an unreadable line, ``error`` says why)."""
@@ -90,6 +108,8 @@ class Router:
         parsed = parse_value(data) if self.decodes else parse_record(data)
         if isinstance(parsed, Rejection):
             return Route(None, rejection=parsed)
+        if isinstance(parsed, dict) and ENVELOPE in parsed:
+            return self._kafka(parsed)
         if parsed is None:  # a null value: only a decoding format gives it a meaning
             decoder = self._probes[self._order[0]] or next(
                 (d for d in self._probes.values() if d is not None), None
@@ -128,6 +148,29 @@ class Router:
             )
         return Route(None, rejection=Rejection(UNKNOWN_TABLE, detail, event_id), source_table=named)
 
+    def _kafka(self, staged: dict[str, Any]) -> Route:
+        """A staged Kafka record (:mod:`cdcflow.sources.kafka`): its table from its topic,
+        its value decoded in that table's format; a null value is a tombstone, skipped."""
+        position = staged.get(ENVELOPE)
+        topic = position.get("topic") if isinstance(position, dict) else None
+        if not isinstance(topic, str):
+            return Route(
+                None, rejection=Rejection("MALFORMED_JSON", "a Kafka envelope without topic")
+            )
+        table = (self.topic_tables or {}).get(topic, topic.rsplit(".", 1)[-1])
+        if table not in self.contracts:
+            declared = ", ".join(self.names)
+            detail = f"topic {topic} maps to table {table}, not a declared table ({declared})"
+            return Route(None, rejection=Rejection(UNKNOWN_TABLE, detail), source_table=table)
+        if "value_text" in staged:
+            return Route(
+                table, rejection=Rejection("MALFORMED_JSON", "the Kafka record's value is not JSON")
+            )
+        value = staged.get("value")
+        if value is None:
+            return Route(table, skipped=Skipped("tombstone", "a Kafka tombstone (null value)"))
+        return self.decode(table, value)
+
     def decode(self, table: str, parsed: Any) -> Route:
         """Decode a parsed record of ``table`` (a declared table) to its flat record."""
         decoder = self.decoders[table]
@@ -146,7 +189,10 @@ class Router:
         parsed = parse_value(raw) if self.decodes else parse_record(raw)
         if isinstance(parsed, Rejection):
             return parsed
-        route = self.decode(table, parsed)
+        if isinstance(parsed, dict) and ENVELOPE in parsed:
+            route = self._kafka(parsed)
+        else:
+            route = self.decode(table, parsed)
         if route.rejection is not None:
             return route.rejection
         if route.skipped is not None:

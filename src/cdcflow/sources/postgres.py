@@ -394,7 +394,7 @@ class PostgresSource:
             MissingDependencyError: psycopg is not installed.
         """
         staged = self.staged()
-        committed = _committed_paths(checkpoint)
+        committed = committed_paths(checkpoint)
         with connection(self.settings) as conn:
             ensure_slot(conn, self.settings)
             if self.tables is not None and not self._checked:
@@ -497,7 +497,8 @@ class PostgresSource:
         return updated
 
 
-def _committed_paths(checkpoint: Checkpoint) -> set[str]:
+def committed_paths(checkpoint: Checkpoint) -> set[str]:
+    """The landing files of every committed micro-batch (absolute paths)."""
     last = checkpoint.last_batch()
     paths: set[str] = set()
     if last is None:
@@ -508,8 +509,13 @@ def _committed_paths(checkpoint: Checkpoint) -> set[str]:
     return paths
 
 
-def make_source(config: CdcflowConfig) -> PostgresSource | None:
-    """The staging source for ``source.type`` (None for plain landing files)."""
+def make_source(config: CdcflowConfig) -> Any:
+    """The staging source for ``source.type`` (None for plain landing files): a
+    :class:`PostgresSource` or a :class:`cdcflow.sources.kafka.KafkaSource`."""
     if config.source.type == "postgres":
         return PostgresSource(config)
+    if config.source.type == "kafka":
+        from cdcflow.sources.kafka import KafkaSource
+
+        return KafkaSource(config)
     return None

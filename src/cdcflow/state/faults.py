@@ -30,6 +30,11 @@ leaves exactly the commits before it:
 The inline Snowflake sync (``snowflake.mode: inline``) has no point: it is not a commit of the
 micro-batch (a failed or repeated sync is caught up by the next one).
 
+Points of a staging source (:data:`SOURCE_CRASH_POINTS`, Kafka; the number after ``@`` is the
+id of the micro-batch the staged file is named after): ``after_source_plan`` — the write-ahead
+source state holds the planned ranges, no record read yet; ``after_source_staged`` — the staged
+landing file written, before the micro-batch's offsets.
+
 Points of ``replay --apply`` (:data:`REPLAY_CRASH_POINTS`, the number after ``@`` is the replay
 id), in order: ``replay_before_write``, ``replay_after_tombstones``, ``replay_after_silver``,
 ``replay_after_mode``, ``replay_after_log``.
@@ -63,6 +68,7 @@ REPLAY_CRASH_POINTS = (
     "replay_after_mode",
     "replay_after_log",
 )
+SOURCE_CRASH_POINTS = ("after_source_plan", "after_source_staged")
 #: Return code of a process killed by a crash point, as :mod:`subprocess` reports it.
 CRASH_EXIT_CODE = -signal.SIGKILL
 ENV_VAR = "CDCFLOW_CRASH_AT"

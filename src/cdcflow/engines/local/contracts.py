@@ -628,7 +628,9 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     check_replays(config)  # an unfinished replay --apply: refuse before anything is written
     contracts = config.contracts()
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
-    decodes = any((c.format or config.source.format) != "flat" for c in contracts)
+    decodes = config.source.type == "kafka" or any(
+        (c.format or config.source.format) != "flat" for c in contracts
+    )
     if decodes:  # a decoding format: its skipped records are counted
         specs.append(SKIPPED)
     for contract in contracts:
@@ -747,7 +749,7 @@ class LocalContractsEngine:
             for c in contracts
         }
         # the declared contracts: a decoded value never depends on a column evolved later
-        self.router = Router(config.contracts(), config.source.format)
+        self.router = Router.of(config)
         self._skipped: list[tuple[RawRecord, str | None, Skipped]] = []
 
     def _evolve(self, evolutions: list[tuple[TableContract, list[Change]]]) -> None:

@@ -337,7 +337,7 @@ class SparkContractsEngine(SparkEngine):
         self.schema_changes: list[str] = changes
         self._modes = ",".join(sorted({c.delete_mode for c in self.contracts}))
         # the declared contracts: a decoded value never depends on a column evolved later
-        self.router = Router(config.contracts(), config.source.format)
+        self.router = Router.of(config)
         self._start(config)
 
     # ------------------------------------------------------------------ one micro-batch

@@ -1,0 +1,398 @@
+"""The Kafka source against a real broker (``scripts/kafka/start.sh``: Apache Kafka, KRaft).
+
+Debezium change-event values (the fixtures of :mod:`tests.test_formats`) are produced to topics
+of several partitions; ``cdcflow run`` stages them through its write-ahead source state
+(:mod:`cdcflow.sources.kafka`). Checked: each table's Silver equals the reference fold; every
+Kafka record is in Bronze, a quarantine or ``audit/skipped_records`` exactly once — under
+``kill -9`` at the source's crash points and at random moments, across a broker restart, with
+partitions added while running, and when the records are delivered again (the source state
+reset: every record an exact ``DUPLICATE``); a shuffled stream of the property test through
+Kafka on a small size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+from hypothesis import given, settings
+
+from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.pipeline import Pipeline, Trigger
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.reference import fold_changes
+from cdcflow.plan.routing import Router
+from tests.conftest import REPO
+from tests.test_formats import (
+    ACCOUNT_FIELDS,
+    NOW,
+    ORDER_FIELDS,
+    ORDERS,
+    UNAVAILABLE,
+    account_row,
+    dbz,
+    debezium_stream,
+    decimal_b64,
+)
+from tests.test_formats import ACCOUNTS as ACCOUNTS_CONTRACT
+
+pytestmark = pytest.mark.kafka
+
+KAFKA_PORT = int(os.environ.get("CDCFLOW_KAFKA_PORT", "39092"))
+BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[str]:
+    """The broker of ``scripts/kafka/start.sh`` (installed from Maven on first use); stopped at
+    the end of the session when this fixture started it. Fails — never skips — when it cannot
+    start."""
+    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/kafka/start.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, f"Kafka did not start:\n{done.stdout}\n{done.stderr}"
+    yield BOOTSTRAP
+    if "kafka: started" in done.stdout:
+        subprocess.run(
+            ["bash", str(REPO / "scripts/kafka/stop.sh")],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+            cwd=REPO,
+        )
+
+
+def create_topic(name: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
+    for future in futures.values():
+        future.result(timeout=60)
+    # the metadata of a new topic reaches the broker's cache a little later
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        topic = admin.list_topics(timeout=10).topics.get(name)
+        if topic is not None and len(topic.partitions) == partitions:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"topic {name} has not {partitions} partitions")
+
+
+def add_partitions(name: str, total: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for future in admin.create_partitions([NewPartitions(name, total)]).values():
+        future.result(timeout=60)
+
+
+def produce(records: list[tuple[str, int | None, bytes | None]]) -> None:
+    """(topic, partition or None for the default partitioner, value) in order."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True})
+    for topic, partition, value in records:
+        kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
+        producer.produce(topic, value=value, **kwargs)
+    assert producer.flush(60) == 0
+
+
+def write_config(root: Path, prefix: str, **kafka: Any) -> CdcflowConfig:
+    tables = [
+        ACCOUNTS_CONTRACT.model_dump(mode="json", exclude_defaults=True),
+        {**ORDERS.model_dump(mode="json", exclude_defaults=True), "truncate": "ignore"},
+    ]
+    raw = {
+        "pipeline": {"name": "kafka"},
+        "storage": {"root": str(root / "lake")},
+        "source": {
+            "type": "kafka",
+            "format": "debezium",
+            "path": str(root / "landing"),
+            "max_records_per_trigger": kafka.pop("max_records", 25),
+            "kafka": {
+                "bootstrap_servers": BOOTSTRAP,
+                "topic_pattern": rf"{prefix}\.public\..*",
+                "poll_timeout": "20s",
+                **kafka,
+            },
+        },
+        "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "kafka")},
+        "tables": tables,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "cdcflow.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_config(path)
+
+
+def workload(prefix: str, seed: int, count: int) -> list[tuple[str, int | None, bytes | None]]:
+    """Debezium values of both tables (tombstones after deletes, TOAST placeholders, a value
+    that is not JSON, an event of a table nobody declared), partitioned by key."""
+    rng = random.Random(seed)
+    records: list[tuple[str, int | None, bytes | None]] = []
+    for i in range(count):
+        lsn = 5000 + 10 * i
+        if rng.random() < 0.3:
+            key: dict[str, Any] = {"order_id": rng.choice(["O-1", "O-2", "O-3"])}
+            row = {**key, "amount": decimal_b64(rng.choice(["1.5", "-2.125"]), 3),
+                   "placed_at": rng.choice(["2024-01-01T00:00:00Z", UNAVAILABLE])}  # fmt: skip
+            table, fields, partition = "orders", ORDER_FIELDS, None
+        else:
+            key = {"account_id": rng.randint(1, 6)}
+            row = account_row(key["account_id"], owner=rng.choice(["A", "B", UNAVAILABLE]))
+            table, fields, partition = "accounts", ACCOUNT_FIELDS, key["account_id"] % 3
+        op = rng.choice(["c", "u", "u", "d", "r"])
+        value = dbz(op, None if op == "d" else row, key if op == "d" else None, lsn=lsn,
+                    schema=rng.random() < 0.5, table=table, fields=fields)  # fmt: skip
+        topic = f"{prefix}.public.{table}"
+        records.append((topic, partition, json.dumps(value).encode()))
+        if op == "d":
+            records.append((topic, partition, None))  # the tombstone Debezium writes
+    records.insert(count // 2, (f"{prefix}.public.accounts", 0, b"\x00not json"))
+    records.insert(count // 3, (f"{prefix}.public.nobody", 0, b'{"op": "c"}'))
+    return records
+
+
+def topics(prefix: str, accounts_partitions: int = 3) -> None:
+    create_topic(f"{prefix}.public.accounts", accounts_partitions)
+    create_topic(f"{prefix}.public.orders", 1)
+    create_topic(f"{prefix}.public.nobody", 1)
+
+
+def rows(config: CdcflowConfig, name: str) -> list[dict[str, Any]]:
+    return DeltaTable(config.table_uri(name)).to_pyarrow_table().to_pylist()
+
+
+def delivered(config: CdcflowConfig) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of every record in Bronze, a quarantine or skipped."""
+    out = []
+    for name in ("bronze/accounts_events", "bronze/orders_events"):
+        out += [_position(r["raw_payload"]) for r in rows(config, name)]
+    for name in ("quarantine/accounts_events", "quarantine/orders_events",
+                 "quarantine/unrouted_events"):  # fmt: skip
+        out += [_position(r["raw_line"]) for r in rows(config, name)]
+    for r in rows(config, "audit/skipped_records"):
+        line = Path(r["source_file"]).read_text().splitlines()[r["source_line"] - 1]
+        out.append(_position(line))
+    return sorted(out)
+
+
+def _position(line: str) -> tuple[str, int, int]:
+    head = json.loads(line)["_kafka"]
+    return head["topic"], head["partition"], head["offset"]
+
+
+def in_kafka(prefix: str) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of every record of the prefix's topics."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"check-{uuid.uuid4()}"})
+    out = []
+    try:
+        for name, topic in consumer.list_topics(timeout=10).topics.items():
+            if not name.startswith(prefix + "."):
+                continue
+            for p in topic.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                out += [(name, p, o) for o in range(low, high)]
+    finally:
+        consumer.close()
+    return sorted(out)
+
+
+def expected(config: CdcflowConfig, values: list[tuple[str, int | None, bytes | None]]) -> dict:
+    """Each table's reference fold of the first valid copy of each produced event."""
+    router = Router.of(config)
+    out = {}
+    for contract in config.contracts():
+        validator = ContractValidator(contract, NOW + timedelta(hours=1), timedelta(minutes=5))
+        first: dict[str, ChangeEvent] = {}
+        for topic, _, value in values:
+            if value is None or not topic.endswith("." + contract.name):
+                continue
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                continue
+            route = router.decode(contract.name, parsed)
+            if route.record is None:
+                continue
+            event = validator.validate_object(route.record)
+            if isinstance(event, ChangeEvent):
+                first.setdefault(event.event_id, event)
+        out[contract.name] = fold_changes(list(first.values()), contract, "soft").rows
+    return out
+
+
+def assert_silver(config: CdcflowConfig, want: dict) -> None:
+    for contract in config.contracts():
+        got = {
+            tuple(r[k] for k in contract.keys): r for r in rows(config, contract.table_names.silver)
+        }
+        assert set(got) == set(want[contract.name]), contract.name
+        for key, row in want[contract.name].items():
+            assert {c: got[key][c] for c in row} == row, (contract.name, key)
+
+
+def test_partitions_tombstones_new_partitions_and_redelivery(
+    kafka_broker: str, tmp_path: Path
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    topics(prefix)
+    first = workload(prefix, seed=1, count=60)
+    produce(first)
+    config = write_config(tmp_path, prefix, group_id=f"cdcflow-{prefix}")
+    reports = Pipeline(config).run(Trigger.parse("available-now"))
+    assert len(reports) >= 3  # max_records_per_trigger cut the records into micro-batches
+    assert delivered(config) == in_kafka(prefix)  # each record exactly once
+    skipped = rows(config, "audit/skipped_records")
+    assert sum(r["kind"] == "tombstone" for r in skipped) == sum(v is None for *_, v in first)
+    unrouted = {r["failure_reason"] for r in rows(config, "quarantine/unrouted_events")}
+    assert unrouted == {"UNKNOWN_TABLE"}
+    bad = [
+        r for r in rows(config, "quarantine/accounts_events") if "not JSON" in r["failure_detail"]
+    ]
+    assert len(bad) == 1 and bad[0]["failure_reason"] == "MALFORMED_JSON"
+    assert_silver(config, expected(config, first))
+
+    # a partition added while running, and more records
+    add_partitions(f"{prefix}.public.accounts", 4)
+    second = [(t, 3 if p is not None else None, v) for t, p, v in workload(prefix, 2, 20)]
+    produce(second)
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert delivered(config) == in_kafka(prefix)
+    assert any(p == 3 for _, p, _ in delivered(config))
+    assert_silver(config, expected(config, first + second))
+
+    # the monitoring commits of the consumer group reached every partition's end
+    from confluent_kafka import Consumer, TopicPartition
+
+    watcher = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"cdcflow-{prefix}"})
+    try:
+        committed = watcher.committed(
+            [TopicPartition(f"{prefix}.public.accounts", p) for p in range(4)], timeout=10
+        )
+        assert [tp.offset for tp in committed] == [
+            watcher.get_watermark_offsets(TopicPartition(f"{prefix}.public.accounts", p))[1]
+            for p in range(4)
+        ]
+    finally:
+        watcher.close()
+
+    # every record delivered again (the source state reset): exact duplicates, Silver unchanged
+    before = {c.name: rows(config, c.table_names.silver) for c in config.contracts()}
+    (Path(config.checkpoint.location) / "kafka_source.json").unlink()
+    for file in Path(config.source.path).glob("kafka_*.jsonl"):
+        file.unlink()
+    Pipeline(config).run(Trigger.parse("available-now"))
+    for name in ("bronze/accounts_events", "bronze/orders_events"):
+        copies = rows(config, name)
+        assert sum(r["is_duplicate"] for r in copies) == len(copies) // 2
+    for contract in config.contracts():
+        after = rows(config, contract.table_names.silver)
+        names = contract.keys
+        assert sorted(after, key=lambda r: [r[k] for k in names]) == sorted(
+            before[contract.name], key=lambda r: [r[k] for k in names]
+        )
+
+
+def cli(config: CdcflowConfig, crash_at: str | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ}
+    env.pop("CDCFLOW_CRASH_AT", None)
+    if crash_at:
+        env["CDCFLOW_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, "-m", "cdcflow", "run", "--config", config.file],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_kill_9_while_consuming_and_a_broker_restart(kafka_broker: str, tmp_path: Path) -> None:
+    prefix = f"k{uuid.uuid4().hex[:8]}"
+    topics(prefix)
+    values = workload(prefix, seed=3, count=90)
+    produce(values)
+    config = write_config(tmp_path, prefix, max_records=20)
+    # at the source's crash points, then at other points of a batch
+    for point in ("after_source_plan@0", "after_source_staged@0", "after_offsets@1",
+                  "after_source_plan@2", "after_silver_merge@2", "after_commit@3"):  # fmt: skip
+        child = cli(config, point)
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == -signal.SIGKILL, (point, err)
+    # kill -9 at random moments
+    rng = random.Random(7)
+    for _ in range(3):
+        child = cli(config)
+        time.sleep(rng.uniform(2.0, 6.0))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    # the broker restarts mid-run: a run fails while it is down, and recovers after
+    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
+    subprocess.run(["bash", "scripts/kafka/stop.sh"], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    try:
+        child = cli(config)
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 1 and "Kafka" in err, err
+        assert "Traceback" not in err
+    finally:
+        subprocess.run(["bash", "scripts/kafka/start.sh"], cwd=REPO, env=env, check=True,
+                       capture_output=True, timeout=300)  # fmt: skip
+    child = cli(config)
+    _, err = child.communicate(timeout=600)
+    assert child.returncode == 0, err
+    assert delivered(config) == in_kafka(prefix)
+    for name in ("bronze/accounts_events", "bronze/orders_events"):
+        assert not any(r["is_duplicate"] for r in rows(config, name)), name
+    assert_silver(config, expected(config, values))
+
+
+@settings(max_examples=3, deadline=None)
+@given(data=debezium_stream())
+def test_shuffled_streams_through_kafka(
+    kafka_broker: str, tmp_path_factory: pytest.TempPathFactory, data: tuple[list[str], list[int]]
+) -> None:
+    """The property test's shuffled Debezium streams, produced to Kafka (each table's topic)."""
+    lines, _ = data
+    prefix = f"p{uuid.uuid4().hex[:8]}"
+    topics(prefix, accounts_partitions=2)
+    records: list[tuple[str, int | None, bytes | None]] = []
+    for line in lines:
+        value = json.loads(line)
+        payload = value.get("payload", value) if isinstance(value, dict) else None
+        source = payload.get("source") if isinstance(payload, dict) else None
+        table = source["table"] if isinstance(source, dict) else "accounts"
+        records.append((f"{prefix}.public.{table}", None, None if value is None else line.encode()))
+    produce(records)
+    config = write_config(tmp_path_factory.mktemp("kafka"), prefix, max_records=7)
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert delivered(config) == in_kafka(prefix)
+    assert_silver(config, expected(config, records))
