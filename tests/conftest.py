@@ -49,8 +49,8 @@ PG_PORT = int(os.environ.get("CDCFLOW_PG_PORT", "55432"))
 XDIST_GROUPS = {
     "spark_crash": "spark_crash",
     "spark": "spark",
-    "postgres": "pg_server",
     "kafka": "kafka_broker",
+    "postgres": "pg_server",
     "docs": "docs",
 }
 

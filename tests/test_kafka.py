@@ -396,3 +396,141 @@ def test_shuffled_streams_through_kafka(
     Pipeline(config).run(Trigger.parse("available-now"))
     assert delivered(config) == in_kafka(prefix)
     assert_silver(config, expected(config, records))
+
+
+@pytest.fixture(scope="session")
+def kafka_connect(kafka_broker: str) -> Iterator[str]:
+    """Kafka Connect standalone with the Debezium PostgreSQL plugin (``start.sh --connect``);
+    only Connect is stopped at the end when this fixture started it."""
+    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/kafka/start.sh"), "--connect"],
+        env=env, capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, f"Kafka Connect did not start:\n{done.stdout}\n{done.stderr}"
+    yield "127.0.0.1:38083"
+    if "connect: started" in done.stdout:
+        subprocess.run(
+            ["bash", str(REPO / "scripts/kafka/stop.sh"), "--connect"],
+            env=env, capture_output=True, timeout=120, check=False, cwd=REPO,
+        )  # fmt: skip
+
+
+def test_debezium_postgres_connector_end_to_end(
+    pg_server: str, kafka_connect: str, tmp_path: Path
+) -> None:
+    """PostgreSQL → the real Debezium connector → Kafka → cdcflow → Silver of two tables: a
+    snapshot, inserts, updates (an unchanged TOASTed value), deletes, and an ``ALTER TABLE …
+    ADD COLUMN`` mid-stream (evolved into Silver); then ``reconcile --source-snapshot
+    postgres`` equal, and the end-to-end lag read from the outcomes."""
+    import psycopg
+
+    from cdcflow.sources.postgres_reconcile import reconcile_postgres_tables
+
+    tag = uuid.uuid4().hex[:8]
+    acc, orders = f"acc_{tag}", f"ord_{tag}"
+    pg_port = int(pg_server.rsplit(":", 1)[1].split("/")[0])
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {acc} (id integer PRIMARY KEY, owner text, balance numeric(12,2), "
+            "opened date, updated_at timestamptz, bio text)"
+        )
+        conn.execute(f"CREATE TABLE {orders} (order_id integer PRIMARY KEY, account_id integer, "
+                     "amount numeric(10,2))")  # fmt: skip
+        big = "md5(random()::text) || repeat(md5(random()::text), 200)"  # TOASTed, uncompressible
+        conn.execute(
+            f"INSERT INTO {acc} SELECT g, 'owner ' || g, g * 10.25, DATE '2020-01-01' + g, "
+            f"TIMESTAMPTZ '2024-01-01 00:00:00+00' + g * INTERVAL '1 hour', {big} "
+            "FROM generate_series(1, 30) g"
+        )
+    env = {
+        **os.environ,
+        "CDCFLOW_PG_PORT": str(pg_port),
+        "CDCFLOW_PG_DB": pg_server.rsplit("/", 1)[1],
+    }
+    register = subprocess.run(
+        ["bash", "scripts/kafka/connector.sh", "--name", f"dbz-{tag}", "--tables",
+         f"public.{acc},public.{orders}", "--prefix", f"dbz{tag}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert register.returncode == 0, register.stdout + register.stderr
+    try:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            for i in range(1, 31, 3):
+                conn.execute(f"UPDATE {acc} SET balance = balance + 1 WHERE id = %s", (i,))
+            conn.execute(f"DELETE FROM {acc} WHERE id % 7 = 0")
+            conn.execute(f"INSERT INTO {orders} SELECT g, g % 30 + 1, g * 1.5 "
+                         "FROM generate_series(1, 40) g")  # fmt: skip
+            conn.execute(f"ALTER TABLE {acc} ADD COLUMN tier text")  # a compatible change
+            conn.execute(f"UPDATE {acc} SET tier = 'gold' WHERE id % 2 = 0")
+            conn.execute(f"INSERT INTO {acc} (id, owner, tier) VALUES (100, 'new', 'silver')")
+            with conn.transaction():
+                conn.execute(f"UPDATE {orders} SET amount = amount * 2 WHERE order_id <= 10")
+                conn.execute(f"DELETE FROM {orders} WHERE order_id > 35")
+        accounts = {
+            "name": acc,
+            "keys": ["id"],
+            "unknown_fields": "evolve",
+            "columns": [
+                {"name": "id", "type": "integer"},
+                {"name": "owner", "type": "string", "pii": True},
+                {"name": "balance", "type": "decimal(12,2)"},
+                {"name": "opened", "type": "date"},
+                {"name": "updated_at", "type": "timestamp"},
+                {"name": "bio", "type": "string"},
+            ],
+        }
+        order_table = {
+            "name": orders,
+            "keys": ["order_id"],
+            "columns": [
+                {"name": "order_id", "type": "integer"},
+                {"name": "account_id", "type": "integer"},
+                {"name": "amount", "type": "decimal(10,2)"},
+            ],
+        }
+        raw = {
+            "pipeline": {"name": "dbz"},
+            "storage": {"root": str(tmp_path / "lake")},
+            "source": {
+                "type": "kafka", "format": "debezium", "path": str(tmp_path / "landing"),
+                "kafka": {"bootstrap_servers": BOOTSTRAP, "topic_pattern": rf"dbz{tag}\..*",
+                          "poll_timeout": "20s"},
+                "postgres": {"port": pg_port, "dbname": pg_server.rsplit("/", 1)[1]},
+            },
+            "checkpoint": {"location": str(tmp_path / "lake" / "_checkpoints" / "dbz")},
+            "tables": [accounts, order_table],
+            "logging": {"level": "WARNING"},
+        }  # fmt: skip
+        (tmp_path / "cdcflow.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        config = load_config(tmp_path / "cdcflow.yaml")
+        deadline = time.monotonic() + 90
+        while True:  # Debezium ships the changes within a few seconds
+            Pipeline(config).run(Trigger.parse("available-now"))
+            reports = reconcile_postgres_tables(config)
+            if all(r.ok for r in reports.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert all(r.ok for r in reports.values()), {n: r.to_json() for n, r in reports.items()}
+        silver = {r["id"]: r for r in rows(config, f"silver/{acc}")}
+        assert silver[100]["tier"] == "silver" and silver[2]["tier"] == "gold"  # evolved column
+        assert silver[7]["is_deleted"] and len(silver[4]["bio"]) > 6000  # TOAST kept
+        operations = {r["operation"] for r in rows(config, f"bronze/{acc}_events")}
+        assert operations == {"INSERT", "UPDATE", "DELETE"}
+        assert rows(config, "audit/skipped_records")  # the tombstones after the deletes
+        lags = sorted(r["lag_s"] for r in rows(config, f"audit/{acc}_event_outcomes"))
+        assert lags and all(lag >= 0 for lag in lags)
+        # the CLI says the same
+        done = subprocess.run(
+            [sys.executable, "-m", "cdcflow", "reconcile", "--config", config.file,
+             "--source-snapshot", "postgres"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0 and "MATCH" in done.stdout, done.stdout + done.stderr
+    finally:
+        subprocess.run(
+            ["bash", "scripts/kafka/connector.sh", "--delete", f"dbz-{tag}", "--drop-slot"],
+            cwd=REPO, env=env, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {acc}, {orders}")

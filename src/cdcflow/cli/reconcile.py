@@ -237,12 +237,20 @@ def reconcile(
         raise typer.Exit(verify_snowflake(config))
     loaded = load(config, declared_tables=True)
     if loaded.tables:
-        if expected is None or source_snapshot is not None or target != "silver":
+        live = source_snapshot is not None and str(source_snapshot) == "postgres"
+        live = live and source_snapshot is not None and not source_snapshot.exists()
+        if live and expected is None and target == "silver":
+            from cdcflow.sources.postgres_reconcile import reconcile_postgres_tables
+
+            reports = reconcile_postgres_tables(loaded)
+        elif expected is None or source_snapshot is not None or target != "silver":
             raise CdcflowError(
                 "reconcile: declared tables are compared with --expected DIR (what `cdcflow "
-                "generate --config F --expected DIR` wrote), on the silver target"
+                "generate --config F --expected DIR` wrote) or with --source-snapshot postgres "
+                "(the live source tables), on the silver target"
             )
-        reports = reconcile_tables(loaded, expected)
+        else:
+            reports = reconcile_tables(loaded, expected)
         ok = all(r.ok for r in reports.values())
         if output == "json":
             data = {"ok": ok, "tables": {n: r.to_json() for n, r in reports.items()}}

@@ -454,6 +454,27 @@ class KafkaSource:
         )
         return plan
 
+    def pending(self, checkpoint: Checkpoint) -> int:
+        """Records the pipeline has not committed yet: offsets of the topics beyond the staged
+        ranges, plus the offsets of staged files whose micro-batch is not committed.
+
+        Raises:
+            KafkaSourceError: the broker cannot be reached.
+        """
+        from cdcflow.sources.postgres import committed_paths
+
+        positions, plans = self._load()
+        committed = committed_paths(checkpoint)
+        count = sum(p.records for p in plans if p.path not in committed)
+        consumer = self._consumer()
+        try:
+            for topic, partition in self._partitions(consumer):
+                low, high = self._watermarks(consumer, topic, partition)
+                count += max(0, high - positions.get(f"{topic}:{partition}", low))
+        finally:
+            consumer.close()
+        return count
+
     def acknowledge(self, offsets: BatchOffsets) -> None:
         """After a batch's commit marker: commit its ranges' ends to the consumer group, for
         monitoring only (a failure is a warning: cdcflow never reads these offsets)."""

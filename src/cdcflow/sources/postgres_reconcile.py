@@ -127,3 +127,84 @@ def reconcile_postgres(config: CdcflowConfig, silver: pl.DataFrame) -> Reconcile
     snapshot = read_source_snapshot(settings)
     label = f"postgres {settings.table} @ {snapshot.consumed_lsn}"
     return reconcile_snapshot(silver, snapshot.frame, snapshot_label=label)
+
+
+def reconcile_postgres_tables(config: CdcflowConfig) -> dict[str, ReconcileReport]:
+    """Compare every declared table's Silver with its live PostgreSQL table (a Kafka /
+    Debezium source: ``source.type: kafka``, connection settings in ``source.postgres``).
+
+    Each contract's table is ``<source.postgres.schema_name>.<contract name>``; its columns are
+    the contract's (as the Delta tables hold it: evolved columns included) that the table has,
+    read under their source names and typed as Silver types them. Silver's non-deleted rows are
+    compared, key by key and column by column (:func:`cdcflow.reconcile.reconcile_table`).
+
+    Only meaningful once the pipeline has consumed everything the source sent: with a Kafka
+    source, every record of its topics must be committed in Silver (else
+    :class:`SourceAheadError`); the connector's own lag inside PostgreSQL is not visible here —
+    reconcile when the workload has been idle for a few seconds.
+
+    Returns:
+        table name → its report (kind ``source-snapshot``), in declared order.
+
+    Raises:
+        SourceAheadError: Kafka holds records the pipeline has not committed yet.
+        PostgresSourceError: the database or a table cannot be read.
+    """
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from cdcflow.layers.contract_replay import held_contracts
+    from cdcflow.reconcile import contract_public_schema, reconcile_table
+
+    if config.source.type == "kafka":
+        from cdcflow.sources.kafka import KafkaSource
+        from cdcflow.state.checkpoint import Checkpoint
+
+        pending = KafkaSource(config).pending(Checkpoint(config.checkpoint.location))
+        if pending:
+            raise SourceAheadError(
+                f"Kafka holds {pending} record(s) the pipeline has not committed yet; run the "
+                "pipeline until it is caught up, then reconcile"
+            )
+    settings = config.source.postgres
+    schema_name = settings.schema_name if settings.schema_name != "*" else "public"
+    reports: dict[str, ReconcileReport] = {}
+    with connection(settings) as conn:
+        for contract in held_contracts(config):
+            present = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = %s AND table_name = %s",
+                    (schema_name, contract.name),
+                ).fetchall()
+            }
+            if not present:
+                raise PostgresSourceError(f"source table {schema_name}.{contract.name} not found")
+            specs = [c for c in contract.columns if c.field in present]
+            select = ", ".join(f"{_quote(c.field)} AS {_quote(c.name)}" for c in specs)
+            rows = conn.execute(
+                f"SELECT {select} FROM {_quote(schema_name)}.{_quote(contract.name)}"
+            ).fetchall()
+            public = contract_public_schema(contract)
+            schema = pa.schema([public.field(c.name) for c in specs])
+            table = pa.Table.from_pylist(
+                [dict(zip(schema.names, row, strict=True)) for row in rows], schema=schema
+            )
+            expected = pl.from_arrow(table)
+            assert isinstance(expected, pl.DataFrame)
+            silver = DeltaTable(
+                config.table_uri(contract.table_names.silver),
+                storage_options=config.storage.options or None,
+            )
+            actual = pl.from_arrow(silver.to_pyarrow_table(columns=public.names))
+            assert isinstance(actual, pl.DataFrame)
+            reports[contract.name] = reconcile_table(
+                actual.filter(~pl.col("is_deleted")),
+                expected,
+                contract,
+                expected_label=f"postgres {schema_name}.{contract.name}",
+                actual_label=f"silver {contract.name}",
+            )
+            reports[contract.name].kind = "source-snapshot"
+    return reports
