@@ -17,7 +17,8 @@ virtual environment. Nothing is skipped; the few adaptations are listed in ``ADA
   ``customers.csv``: an export of the source table) are written first: the shipped dev config,
   and the non-deleted rows of the generator's expected state (``expected.parquet``);
 * PostgreSQL runs on a free port of its own (``CDCFLOW_PG_PORT``), not the suite's server, and
-  its data folder is deleted afterwards.
+  its data folder is deleted afterwards; so do Kafka and Kafka Connect (``CDCFLOW_KAFKA_PORT``,
+  ``CDCFLOW_KAFKA_CONTROLLER_PORT``, ``CDCFLOW_CONNECT_PORT``), stopped afterwards.
 """
 
 from __future__ import annotations
@@ -141,6 +142,10 @@ def user_env(workdir: Path) -> dict[str, str]:
     }
     env["PATH"] = os.pathsep.join(path)
     env["CDCFLOW_PG_PORT"] = str(free_port())
+    # Kafka, its controller and Connect of docs/kafka.md: ports of their own, not the suite's
+    env["CDCFLOW_KAFKA_PORT"] = str(free_port())
+    env["CDCFLOW_KAFKA_CONTROLLER_PORT"] = str(free_port())
+    env["CDCFLOW_CONNECT_PORT"] = str(free_port())
     env["TERM"] = "dumb"
     return env
 
@@ -174,7 +179,16 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
     env = user_env(root)
     yield root, env
     # the PostgreSQL of docs/postgres.md: stopped, and its data folder (maybe under /var/tmp)
-    # deleted; Spark's and the benchmarks' temporary folders are removed by themselves
+    # deleted; Spark's and the benchmarks' temporary folders are removed by themselves; the
+    # Kafka broker and Connect of docs/kafka.md stopped
+    subprocess.run(
+        ["bash", "scripts/kafka/stop.sh", "--purge"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     subprocess.run(
         ["bash", "scripts/postgres/stop.sh", "--purge"],
         cwd=root,
