@@ -11,6 +11,12 @@
 # installed or started, the command still runs (every other test is worth running) and the
 # PostgreSQL tests fail with the reason.
 #
+#   Kafka + Kafka Connect      (scripts/kafka: a KRaft broker, Connect standalone with the
+#                              Debezium PostgreSQL plugin, jars from Maven) installed when missing
+#                              and started when not running, stopped afterwards if this script
+#                              started them; when they cannot start, the Kafka tests fail with
+#                              the reason (their fixtures try again).
+#
 # Usage: scripts/with-services.sh COMMAND [ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +40,7 @@ if [ -z "${CDCFLOW_PG_PORT:-}" ]; then
   export CDCFLOW_PG_PORT="${port:-55432}"
 fi
 
+stops=()
 created=0
 [ -f "$DATA/PG_VERSION" ] || created=1
 stop_args=()
@@ -46,9 +53,22 @@ elif ! out="$(bash scripts/postgres/start.sh)"; then
 else
   printf '%s\n' "$out" | sed '$d'
   if grep -q '^postgres: started' <<<"$out"; then
-    trap 'bash scripts/postgres/stop.sh "${stop_args[@]}"' EXIT
-    trap 'exit 130' INT TERM
+    stops+=('bash scripts/postgres/stop.sh "${stop_args[@]}"')
   fi
+fi
+
+if ! kafka_out="$(bash scripts/kafka/start.sh --connect 2>&1)"; then
+  printf '%s\n' "$kafka_out" >&2
+  echo "kafka: the broker or Connect did not start (see above): the Kafka tests will fail" >&2
+else
+  printf '%s\n' "$kafka_out" | grep -E '^(kafka|connect):' || true
+  if grep -qE '^(kafka|connect): started' <<<"$kafka_out"; then
+    stops=('bash scripts/kafka/stop.sh' "${stops[@]}")
+  fi
+fi
+if [ "${#stops[@]}" -gt 0 ]; then
+  trap 'for stop in "${stops[@]}"; do eval "$stop"; done' EXIT
+  trap 'exit 130' INT TERM
 fi
 
 "$@"

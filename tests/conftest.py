@@ -41,6 +41,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 NOW = datetime.now(UTC).replace(microsecond=0)
 REPO = Path(__file__).resolve().parents[1]
 PG_PORT = int(os.environ.get("CDCFLOW_PG_PORT", "55432"))
+KAFKA_PORT = int(os.environ.get("CDCFLOW_KAFKA_PORT", "39092"))
+BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
 
 #: pytest-xdist groups (``make test`` runs ``-n 3 --dist loadgroup``): every test of a group runs
 #: on the same worker, so one JVM serves all Spark tests, one worker talks to the PostgreSQL
@@ -115,6 +117,52 @@ def pg_server() -> Iterator[str]:
     if "postgres: started" in done.stdout:
         stop = ["bash", str(REPO / "scripts/postgres/stop.sh"), *(["--purge"] if created else [])]
         subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[str]:
+    """The broker of ``scripts/kafka/start.sh`` (installed from Maven on first use); stopped at
+    the end of the session when this fixture started it. Fails — never skips — when it cannot
+    start."""
+    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/kafka/start.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, f"Kafka did not start:\n{done.stdout}\n{done.stderr}"
+    yield BOOTSTRAP
+    if "kafka: started" in done.stdout:
+        subprocess.run(
+            ["bash", str(REPO / "scripts/kafka/stop.sh")],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+            cwd=REPO,
+        )
+
+
+@pytest.fixture(scope="session")
+def kafka_connect(kafka_broker: str) -> Iterator[str]:
+    """Kafka Connect standalone with the Debezium PostgreSQL plugin (``start.sh --connect``);
+    only Connect is stopped at the end when this fixture started it."""
+    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts/kafka/start.sh"), "--connect"],
+        env=env, capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, f"Kafka Connect did not start:\n{done.stdout}\n{done.stderr}"
+    yield "127.0.0.1:38083"
+    if "connect: started" in done.stdout:
+        subprocess.run(
+            ["bash", str(REPO / "scripts/kafka/stop.sh"), "--connect"],
+            env=env, capture_output=True, timeout=120, check=False, cwd=REPO,
+        )  # fmt: skip
 
 
 def require_spark() -> None:

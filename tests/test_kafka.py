@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.reference import fold_changes
 from cdcflow.plan.routing import Router
-from tests.conftest import REPO
+from tests.conftest import BOOTSTRAP, KAFKA_PORT, REPO
 from tests.test_formats import (
     ACCOUNT_FIELDS,
     NOW,
@@ -50,37 +49,6 @@ from tests.test_formats import (
 from tests.test_formats import ACCOUNTS as ACCOUNTS_CONTRACT
 
 pytestmark = pytest.mark.kafka
-
-KAFKA_PORT = int(os.environ.get("CDCFLOW_KAFKA_PORT", "39092"))
-BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
-
-
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[str]:
-    """The broker of ``scripts/kafka/start.sh`` (installed from Maven on first use); stopped at
-    the end of the session when this fixture started it. Fails — never skips — when it cannot
-    start."""
-    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts/kafka/start.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, f"Kafka did not start:\n{done.stdout}\n{done.stderr}"
-    yield BOOTSTRAP
-    if "kafka: started" in done.stdout:
-        subprocess.run(
-            ["bash", str(REPO / "scripts/kafka/stop.sh")],
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-            cwd=REPO,
-        )
 
 
 def create_topic(name: str, partitions: int) -> None:
@@ -396,24 +364,6 @@ def test_shuffled_streams_through_kafka(
     Pipeline(config).run(Trigger.parse("available-now"))
     assert delivered(config) == in_kafka(prefix)
     assert_silver(config, expected(config, records))
-
-
-@pytest.fixture(scope="session")
-def kafka_connect(kafka_broker: str) -> Iterator[str]:
-    """Kafka Connect standalone with the Debezium PostgreSQL plugin (``start.sh --connect``);
-    only Connect is stopped at the end when this fixture started it."""
-    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts/kafka/start.sh"), "--connect"],
-        env=env, capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
-    )  # fmt: skip
-    assert done.returncode == 0, f"Kafka Connect did not start:\n{done.stdout}\n{done.stderr}"
-    yield "127.0.0.1:38083"
-    if "connect: started" in done.stdout:
-        subprocess.run(
-            ["bash", str(REPO / "scripts/kafka/stop.sh"), "--connect"],
-            env=env, capture_output=True, timeout=120, check=False, cwd=REPO,
-        )  # fmt: skip
 
 
 def test_debezium_postgres_connector_end_to_end(

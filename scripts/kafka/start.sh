@@ -55,6 +55,12 @@ TIMEOUT="${CDCFLOW_KAFKA_START_TIMEOUT:-60}"
 LOG_LEVEL="${CDCFLOW_KAFKA_LOG_LEVEL:-INFO}"
 BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
 
+# one start at a time per CDCFLOW_KAFKA_HOME (test workers may start the stack together): a
+# second caller waits, then finds it running
+mkdir -p "$KHOME"
+exec 9>"$KHOME/.start.lock"
+flock 9
+
 if ! installed "$BROKER_LIB" "$BROKER_STAMP" \
     || { [ "$WITH_CONNECT" = 1 ] && ! { installed "$CONNECT_LIB" "$CONNECT_STAMP" \
                                          && installed "$DEBEZIUM_PLUGIN" "$DEBEZIUM_STAMP"; }; }; then

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -233,6 +233,65 @@ def route_files(
             yield pa.RecordBatch.from_pydict(cols, schema=ROUTED_SCHEMA)
 
 
+def route_kafka(
+    batches: Iterator[pa.RecordBatch],
+    router: Router,
+    evolving: dict[str, frozenset[str]] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` function: Kafka records (``topic``, ``partition``, ``offset``,
+    ``timestamp_ms``, ``value``) → routed lines (``ROUTED_SCHEMA``), as the local Kafka source
+    stages and routes them: each record in its envelope (:func:`cdcflow.sources.kafka.
+    envelope_line`, so Bronze's ``raw_payload`` is the same on both engines), routed and decoded
+    by ``router``. A line's ``source_file`` is ``kafka:<topic>[<partition>]`` and its
+    ``source_line`` the record's offset."""
+    from cdcflow.sources.kafka import envelope_line
+
+    evolving = evolving or {}
+    for batch in batches:
+        cols: dict[str, list[Any]] = {name: [] for name in ROUTED_SCHEMA.names}
+        rows = zip(
+            *(
+                batch.column(n).to_pylist()
+                for n in ("topic", "partition", "offset", "timestamp_ms", "value")
+            ),
+            strict=True,
+        )
+        for topic, partition, offset, stamp, value in rows:
+            line = envelope_line(topic, partition, offset, stamp, value)
+            route = router.route(line.encode("utf-8"))
+            table = route.table
+            reason = detail = event_id = source = kinds = skip_kind = skip_detail = None
+            if route.skipped is not None:
+                skip_kind, skip_detail = route.skipped.kind, route.skipped.detail
+                source, table = route.table, None
+            elif table is None:
+                assert route.rejection is not None
+                reason, detail = route.rejection.reason, route.rejection.detail
+                event_id, source = route.rejection.event_id, route.source_table
+            elif route.record is not None and table in evolving:
+                fields = evolving[table]
+                unknown = {k: _kind(v) for k, v in route.record.items() if k not in fields}
+                kinds = json.dumps(unknown) if unknown else None
+            name = f"kafka:{topic}[{partition}]"
+            for column, item in (
+                ("source_file", name),
+                ("source_line", offset),
+                ("file_mtime_ms", stamp),
+                ("file_name", name),
+                ("raw", line),
+                ("table_name", table),
+                ("failure_reason", reason),
+                ("failure_detail", detail),
+                ("event_id", event_id),
+                ("source_table", source if table is None else None),
+                ("unknown_kinds", kinds),
+                ("skipped_kind", skip_kind),
+                ("skipped_detail", skip_detail),
+            ):
+                cols[column].append(item)
+        yield pa.RecordBatch.from_pydict(cols, schema=ROUTED_SCHEMA)
+
+
 def record_schema(contract: TableContract) -> pa.Schema:
     """:func:`validate_lines`' output for a table: a line, ``ok``, the rejection's reason and
     detail, the Bronze columns from ``event_id`` to ``content_hash`` (typed as in Bronze, null
@@ -331,7 +390,7 @@ class SparkContractsEngine(SparkEngine):
     """
 
     def __init__(self, config: CdcflowConfig) -> None:
-        check_source(config)
+        check_source(config, kafka=True)
         self.store, self.contracts, changes = open_tables(config)
         #: the contract changes this run recorded (``table <name>: <change>``), for the CLI
         self.schema_changes: list[str] = changes
@@ -349,7 +408,6 @@ class SparkContractsEngine(SparkEngine):
         Returns:
             The batch's totals (also appended to ``audit/batch_log``).
         """
-        from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
         batch_id = offsets.batch_id
@@ -362,27 +420,16 @@ class SparkContractsEngine(SparkEngine):
             delete_mode=self._modes,
         )
         with report.stage("parse"):
-            sources, batch_files = self._sources(meta, offsets)
-            wanted, content = self._content(frame, sources, batch_files)
             names = tuple(c.name for c in self.contracts)
             evolving = {
                 c.name: frozenset(known_fields(c))
                 for c in self.contracts
                 if c.unknown_fields == "evolve"
             }
-            routed = (
-                content.join(wanted.select("path", "source_file"), "path")
-                .select(
-                    "source_file",
-                    F.unix_millis("modificationTime").alias("file_mtime_ms"),
-                    "content",
-                )
-                .mapInArrow(
-                    partial(route_files, names=names, evolving=evolving, router=self.router),
-                    _spark_schema(ROUTED_SCHEMA),
-                )
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
+            if self.config.source.type == "kafka":
+                routed = self._route_kafka(frame, evolving)
+            else:
+                routed = self._route_files(frame, meta, offsets, names, evolving)
             self._cached.append(routed)
             if evolving:
                 self._evolve_fields(routed, batch_id)
@@ -450,6 +497,122 @@ class SparkContractsEngine(SparkEngine):
             extra={"batch": report.log_fields(), "tables": [vars(r) for r in reports]},
         )
         return report
+
+    def _route_files(
+        self,
+        frame: DataFrame,
+        meta: list[Any],
+        offsets: BatchOffsets,
+        names: tuple[str, ...],
+        evolving: dict[str, frozenset[str]],
+    ) -> DataFrame:
+        """The batch's landing files split into routed lines (:func:`route_files`), cached."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        sources, batch_files = self._sources(meta, offsets)
+        wanted, content = self._content(frame, sources, batch_files)
+        return (
+            content.join(wanted.select("path", "source_file"), "path")
+            .select(
+                "source_file",
+                F.unix_millis("modificationTime").alias("file_mtime_ms"),
+                "content",
+            )
+            .mapInArrow(
+                partial(route_files, names=names, evolving=evolving, router=self.router),
+                _spark_schema(ROUTED_SCHEMA),
+            )
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+
+    def _route_kafka(self, frame: DataFrame, evolving: dict[str, frozenset[str]]) -> DataFrame:
+        """The batch's Kafka records as routed lines (:func:`route_kafka`), cached."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        return (
+            frame.select(
+                "topic",
+                "partition",
+                "offset",
+                F.unix_millis("timestamp").alias("timestamp_ms"),
+                "value",
+            )
+            .mapInArrow(
+                partial(route_kafka, router=self.router, evolving=evolving),
+                _spark_schema(ROUTED_SCHEMA),
+            )
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+
+    # ------------------------------------------------------------------ Kafka
+    def _source_stream(self) -> DataFrame:
+        """Landing files, or (``source.type: kafka``) Structured Streaming's Kafka source.
+
+        Kafka: ``subscribe`` / ``subscribePattern`` from ``source.kafka`` (new topics and
+        partitions are picked up), ``startingOffsets`` / ``startingTimestamp`` from
+        ``starting_offsets``, ``maxOffsetsPerTrigger`` = ``source.max_records_per_trigger``,
+        read-committed, ``failOnDataLoss``; ``source.kafka.options`` and the secret options
+        are passed as ``kafka.<option>`` (the Java client's names). The offsets of each
+        micro-batch are Spark's write-ahead offset log (``<checkpoint>/spark/stream``); the
+        Delta app transactions make a re-run write nothing twice.
+        """
+        if self.config.source.type != "kafka":
+            return super()._source_stream()
+        from cdcflow.sources.kafka import client_settings
+
+        settings = self.config.source.kafka
+        conf = client_settings(settings, self.config.file)
+        reader = self.spark.readStream.format("kafka")
+        for option, value in conf.items():
+            reader = reader.option(f"kafka.{option}", value)
+        reader = reader.option("kafka.isolation.level", "read_committed")
+        if settings.topic_pattern and not settings.topics:
+            reader = reader.option("subscribePattern", settings.topic_pattern)
+        elif settings.topic_pattern:
+            import re
+
+            listed = "|".join(re.escape(t) for t in settings.topics)
+            reader = reader.option("subscribePattern", f"(?:{settings.topic_pattern})|{listed}")
+        else:
+            reader = reader.option("subscribe", ",".join(settings.topics))
+        start = settings.starting_offsets
+        if start in ("earliest", "latest"):
+            reader = reader.option("startingOffsets", start)
+        else:
+            instant = datetime.fromisoformat(start.replace("Z", "+00:00"))
+            reader = reader.option("startingTimestamp", str(int(instant.timestamp() * 1000)))
+        if self.config.source.max_records_per_trigger is not None:
+            reader = reader.option(
+                "maxOffsetsPerTrigger", str(self.config.source.max_records_per_trigger)
+            )
+        return reader.option("failOnDataLoss", "true").load()
+
+    def _take(self, frame: DataFrame, spark_batch_id: int) -> tuple[BatchOffsets, list[Any]] | None:
+        """Kafka: the pipeline's micro-batch of this Spark micro-batch (no landing files), its
+        offsets written (the processing time a first attempt recorded is kept on a re-run)."""
+        if self.config.source.type != "kafka":
+            return super()._take(frame, spark_batch_id)
+        batch_id = self._batch_ids().get(str(spark_batch_id))
+        recorded = None
+        if batch_id is not None and (self.checkpoint.offsets_dir / f"{batch_id}.json").exists():
+            recorded = self.checkpoint.offsets(batch_id)
+        first = frame.select("_processing_time").limit(1).collect()
+        if not first and recorded is None:
+            return None
+        if batch_id is None:
+            batch_id = self._allocate_batch_id(spark_batch_id)
+        processing_time = (
+            recorded.processing_time
+            if recorded is not None
+            else first[0]["_processing_time"].replace(tzinfo=UTC)
+        )
+        offsets = BatchOffsets(batch_id, processing_time, ())
+        if not self.checkpoint.is_committed(batch_id):
+            self.checkpoint.write_offsets(offsets)
+        crash_point("after_offsets", batch_id)
+        return offsets, []
 
     def _evolve_fields(self, routed: DataFrame, batch_id: int) -> None:
         """``unknown_fields: evolve``: add each such table's unknown fields of the batch as

@@ -71,14 +71,24 @@ BINARY_FILE_DDL = "path string, modificationTime timestamp, length bigint, conte
 _CONFLICT_DETAIL = "event_id already received with different content"
 
 
-def check_source(config: CdcflowConfig) -> None:
+def check_source(config: CdcflowConfig, kafka: bool = False) -> None:
     """Refuse a source the Spark engine cannot read.
 
+    Args:
+        config: the pipeline's config.
+        kafka: the engine reads Kafka topics too (declared tables).
+
     Raises:
-        ConfigError: not landing files, or ``source.min_file_age`` set.
+        ConfigError: not landing files (nor Kafka, where ``kafka``), or ``source.min_file_age``
+            set.
     """
+    if config.source.type == "kafka" and kafka:
+        return
     if config.source.type != "files":
-        raise ConfigError("pipeline.engine: spark reads landing files only (source.type)")
+        raise ConfigError(
+            "pipeline.engine: spark reads landing files (and, with declared tables, Kafka "
+            "topics) only (source.type)"
+        )
     if config.source.min_file_age:
         raise ConfigError(
             "source.min_file_age: not supported by pipeline.engine: spark (its file source "
@@ -175,15 +185,7 @@ class SparkEngine:
         """
         self._on_batch = on_batch
         self._error: BaseException | None = None
-        Path(self.config.source.path).mkdir(parents=True, exist_ok=True)
-        self._warn_changed_files()
-        stream = (
-            self.spark.readStream.format("binaryFile")
-            .schema(BINARY_FILE_DDL)
-            .option("pathGlobFilter", "*.{jsonl,jsonl.gz}")
-            .option("maxFilesPerTrigger", self.config.source.max_files_per_trigger)
-            .load(str(Path(self.config.source.path).resolve()))
-        )
+        stream = self._source_stream()
         from pyspark.sql import functions as F
 
         stream = stream.withColumn("_processing_time", F.current_timestamp())
@@ -217,6 +219,18 @@ class SparkEngine:
             raise
         if self._error is not None:
             raise self._error
+
+    def _source_stream(self) -> DataFrame:
+        """The streaming source: the landing folder (Spark's ``binaryFile`` source)."""
+        Path(self.config.source.path).mkdir(parents=True, exist_ok=True)
+        self._warn_changed_files()
+        return (
+            self.spark.readStream.format("binaryFile")
+            .schema(BINARY_FILE_DDL)
+            .option("pathGlobFilter", "*.{jsonl,jsonl.gz}")
+            .option("maxFilesPerTrigger", self.config.source.max_files_per_trigger)
+            .load(str(Path(self.config.source.path).resolve()))
+        )
 
     @staticmethod
     def _taken_file(row: Any, recorded: LandingFile | None, batch_id: int | None) -> LandingFile:
