@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -484,3 +484,29 @@ def test_debezium_postgres_connector_end_to_end(
         )  # fmt: skip
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {acc}, {orders}")
+
+
+def test_starting_offsets_latest_and_a_timestamp(kafka_broker: str, tmp_path: Path) -> None:
+    """A partition seen for the first time starts at ``starting_offsets``: ``latest`` skips
+    what the topic held before the first run; an instant starts at the first record at or
+    after it."""
+    prefix = f"l{uuid.uuid4().hex[:8]}"
+    topics(prefix, accounts_partitions=1)
+    topic = f"{prefix}.public.accounts"
+
+    def batch(first: int) -> list[tuple[str, int | None, bytes | None]]:
+        return [(topic, 0, json.dumps(dbz("c", account_row(i), lsn=100 + i)).encode())
+                for i in range(first, first + 3)]  # fmt: skip
+
+    produce(batch(1))
+    latest = write_config(tmp_path / "latest", prefix, starting_offsets="latest")
+    assert Pipeline(latest).run(Trigger.parse("available-now")) == []
+    time.sleep(1.1)
+    middle = datetime.now(UTC)
+    time.sleep(1.1)
+    produce(batch(4))
+    Pipeline(latest).run(Trigger.parse("available-now"))
+    assert sorted(r["account_id"] for r in rows(latest, "silver/accounts")) == [4, 5, 6]
+    since = write_config(tmp_path / "since", prefix, starting_offsets=middle.isoformat())
+    Pipeline(since).run(Trigger.parse("available-now"))
+    assert sorted(r["account_id"] for r in rows(since, "silver/accounts")) == [4, 5, 6]
