@@ -57,6 +57,22 @@ else
   fi
 fi
 
+# Kafka's ports (exported for the tests): the given ones; else, when this checkout's broker is
+# not running, the first free pair from 39092 (broker, controller) and the first free port from
+# 38083 (Connect) — another checkout's stack may hold the defaults
+if [ -z "${CDCFLOW_KAFKA_PORT:-}" ] && ! (. scripts/kafka/env.sh && role_pid kafka >/dev/null); then
+  for candidate in $(seq 39092 2 39190); do
+    if ! listening "$candidate" && ! listening $((candidate + 1)); then
+      export CDCFLOW_KAFKA_PORT="$candidate" CDCFLOW_KAFKA_CONTROLLER_PORT=$((candidate + 1))
+      break
+    fi
+  done
+fi
+if [ -z "${CDCFLOW_CONNECT_PORT:-}" ] && ! (. scripts/kafka/env.sh && role_pid connect >/dev/null); then
+  for candidate in $(seq 38083 38183); do
+    if ! listening "$candidate"; then export CDCFLOW_CONNECT_PORT="$candidate"; break; fi
+  done
+fi
 if ! kafka_out="$(bash scripts/kafka/start.sh --connect 2>&1)"; then
   printf '%s\n' "$kafka_out" >&2
   echo "kafka: the broker or Connect did not start (see above): the Kafka tests will fail" >&2
