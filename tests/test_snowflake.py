@@ -18,7 +18,12 @@ from cdcflow.config import SnowflakeSection
 from cdcflow.errors import ConfigError
 from cdcflow.plan.reference import SILVER_COLUMNS
 from cdcflow.sinks.snowflake.connection import connect, start_emulator, stop_emulator
-from cdcflow.sinks.snowflake.faults import ENV_VAR, SYNC_POINTS, InjectedSyncFailure
+from cdcflow.sinks.snowflake.faults import (
+    BULK_POINTS,
+    ENV_VAR,
+    SYNC_POINTS,
+    InjectedSyncFailure,
+)
 from cdcflow.sinks.snowflake.reconcile import read_state, reconcile_snowflake
 from cdcflow.sinks.snowflake.settings import SnowflakeCredentials
 from cdcflow.sinks.snowflake.sync import NEVER_SYNCED, sync_snowflake
@@ -105,15 +110,19 @@ def state_version(lake: Lake) -> int | None:
     return None if int(row[0]) == NEVER_SYNCED else int(row[0])
 
 
+@pytest.mark.parametrize("method", ["bind", "bulk"])
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_dim_matches_silver_after_stream(
-    tmp_path: Path, emulator: dict[str, Any], mode: str
+    tmp_path: Path, emulator: dict[str, Any], mode: str, method: str
 ) -> None:
-    lake = _attach(Lake(tmp_path / mode, mode=mode))
+    """Both load paths (row binding; Parquet files PUT to a stage and COPY INTO the stage
+    table) give the same DIM."""
+    lake = _attach(Lake(tmp_path / mode, mode=mode), load_method=method)
     first_batch(lake)
     second_batch(lake)
     report = sync_snowflake(lake.config)
     assert report.dim.kind == "full"  # bootstrap
+    assert report.dim.load_method == method
 
     silver = lake.silver()
     assert silver == lake.expected().rows  # the pipeline itself is right
@@ -173,10 +182,15 @@ def test_incremental_sync_applies_only_the_changes(sf_hard_lake: Lake) -> None:
 
 
 @pytest.mark.parametrize(
-    "point",
-    [p if p == "after_state" else pytest.param(p, marks=pytest.mark.slow) for p in SYNC_POINTS],
+    ("method", "point"),
+    [
+        (m, p) if p in ("after_state", "after_copy") else pytest.param(m, p, marks=pytest.mark.slow)
+        for m, points in (("bind", SYNC_POINTS), ("bulk", (*BULK_POINTS, *SYNC_POINTS)))
+        for p in points
+    ],
 )
-def test_failure_between_steps_recovers(sf_lake: Lake, point: str) -> None:
+def test_failure_between_steps_recovers(sf_lake: Lake, method: str, point: str) -> None:
+    sf_lake.config.snowflake.load_method = method  # type: ignore[assignment]
     first_batch(sf_lake)
     v1 = sync_snowflake(sf_lake.config).dim.to_version
     before = dim_rows(sf_lake)
@@ -236,11 +250,14 @@ def test_reconcile_reports_drift_and_full_refresh_repairs(sf_lake: Lake) -> None
     assert reconcile_snowflake(sf_lake.config).equal
 
 
-def test_gold_tables_equal_agg_tables(sf_lake: Lake) -> None:
+@pytest.mark.parametrize("method", ["bind", "bulk"])
+def test_gold_tables_equal_agg_tables(sf_lake: Lake, method: str) -> None:
+    sf_lake.config.snowflake.load_method = method  # type: ignore[assignment]
     first_batch(sf_lake)
     second_batch(sf_lake)
     report = sync_snowflake(sf_lake.config)
     gold_targets = {t.target: t for t in report.tables[1:]}
+    assert {t.load_method for t in report.tables} == {method}
     if not DeltaTable.is_deltatable(sf_lake.config.table_uri("gold/daily_customer_metrics")):
         pytest.fail("the pipeline wrote no Gold tables")
     assert "AGG_CUSTOMER_METRICS" in gold_targets
@@ -355,8 +372,9 @@ def test_credentials_only_from_env_and_secret_files(tmp_path: Path) -> None:
         ).connect_kwargs()  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("method", ["bind", "bulk"])
 def test_declared_tables_sync_to_their_tables_with_mapped_types(
-    tmp_path: Path, emulator: dict[str, Any]
+    tmp_path: Path, emulator: dict[str, Any], method: str
 ) -> None:
     """Each declared table → its Snowflake table (``<NAME>_CURRENT``), keyed on its key
     columns (a composite key too), typed from the contract; incremental after the first sync."""
@@ -367,7 +385,10 @@ def test_declared_tables_sync_to_their_tables_with_mapped_types(
 
     config = write_config(tmp_path, mode="hard")
     config.snowflake = SnowflakeSection(
-        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:"
+        database=f"TEST_{next(_db_numbers)}",
+        emulator="on",
+        emulator_path=":memory:",
+        load_method=method,
     )
     row = {"owner": "Ann", "balance": "12.50", "opened_on": "2024-02-29", "vip": True}
     line = {"sku": "ABC-1", "quantity": 2, "attributes": {"gift": True, "tags": ["a"]}}

@@ -300,6 +300,13 @@ class SnowflakeSection(_Section):
     (``cdcflow sync snowflake``). ``emulator``: ``auto`` uses the fakesnow emulator when no
     ``SNOWFLAKE_ACCOUNT`` is set, ``on``/``off`` force it. ``emulator_path``: folder of the
     emulator's database files (empty: ``<storage.root>/_snowflake_emulator``; ``:memory:``: none).
+
+    Loading a sync's rows into the stage table: ``load_method`` ``bulk`` writes them as Parquet
+    files of at most ``bulk_file_rows`` rows, ``PUT`` s them to a stage and ``COPY INTO`` the
+    stage table; ``bind`` inserts them ``load_chunk_rows`` at a time (``executemany``);
+    ``auto`` (default) takes ``bulk`` from ``bulk_min_rows`` rows on. ``stage``: the Snowflake
+    stage to load through (an internal or external stage you created; empty: the internal
+    stage ``CDCFLOW_STAGE``, created when missing).
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -310,6 +317,10 @@ class SnowflakeSection(_Section):
     emulator: Literal["auto", "on", "off"] = "auto"
     emulator_path: str = ""
     load_chunk_rows: int = Field(default=2000, ge=1)
+    load_method: Literal["auto", "bulk", "bind"] = "auto"
+    bulk_min_rows: int = Field(default=500, ge=0)
+    bulk_file_rows: int = Field(default=200_000, ge=1)
+    stage: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_$.]*)?$")
 
 
 class SparkSection(_Section):

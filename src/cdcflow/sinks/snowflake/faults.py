@@ -3,6 +3,8 @@
 ``CDCFLOW_SNOWFLAKE_FAIL_AT=<point>`` (or the ``fail_at`` argument of the sync functions) makes
 the sync raise :class:`InjectedSyncFailure` when it passes the point. Points, in order:
 
+* ``after_put`` — bulk path: the attempt's Parquet files are in the Snowflake stage, not copied.
+* ``after_copy`` — bulk path: the files are copied into the stage table (``COPY INTO``).
 * ``after_load`` — changes are in the stage table, nothing merged.
 * ``after_merge`` — the MERGE ran inside the open transaction, state not updated.
 * ``after_state`` — MERGE and state update ran, transaction not committed.
@@ -19,6 +21,8 @@ import os
 from cdcflow.errors import CdcflowError
 
 SYNC_POINTS = ("after_load", "after_merge", "after_state", "after_commit")
+#: The points of the bulk load only (``snowflake.load_method: bulk``), before ``after_load``.
+BULK_POINTS = ("after_put", "after_copy")
 ENV_VAR = "CDCFLOW_SNOWFLAKE_FAIL_AT"
 
 

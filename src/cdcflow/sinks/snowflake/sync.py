@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -78,6 +78,8 @@ class TableSyncReport:
         inserted / updated / deleted: rows changed in the target.
         source_committed_at: commit time of ``to_version`` in Delta (UTC).
         synced_at: commit time of the Snowflake transaction (UTC).
+        load_method: how the rows reached the stage table: ``bulk`` (Parquet, PUT, COPY INTO)
+            or ``bind`` (``executemany``); empty for a no-op or a Gold copy.
     """
 
     target: str
@@ -91,6 +93,7 @@ class TableSyncReport:
     deleted: int = 0
     source_committed_at: datetime | None = None
     synced_at: datetime | None = None
+    load_method: str = ""
 
     @property
     def lag_s(self) -> float | None:
@@ -107,6 +110,7 @@ class TableSyncReport:
             "from_version": self.from_version,
             "to_version": self.to_version,
             "staged": self.staged,
+            "load_method": self.load_method,
             "inserted": self.inserted,
             "updated": self.updated,
             "deleted": self.deleted,
@@ -287,16 +291,149 @@ def _load_stage(
     chunk_rows: int,
     target: SyncTarget = CUSTOMERS_TARGET,
 ) -> int:
+    """Row binding: the change rows inserted ``chunk_rows`` at a time (``executemany``)."""
     loaded_at = datetime.now(UTC)
     columns = ["SYNC_ID", "LOADED_AT", "CHANGE_KIND", *(c.upper() for c in target.names)]
     sql = (
         f"INSERT INTO {target.stage} ({', '.join(columns)}) "
         f"VALUES ({', '.join(['%s'] * len(columns))})"
     )
-    rows = [(sync_id, loaded_at, *row) for row in changes.iter_rows()]
-    for chunk in _chunks(rows, chunk_rows):
-        cur.executemany(sql, chunk)
-    return len(rows)
+    total = 0
+    for chunk in changes.iter_slices(chunk_rows):
+        rows = [(sync_id, loaded_at, *row) for row in chunk.iter_rows()]
+        cur.executemany(sql, rows)
+        total += len(rows)
+    return total
+
+
+#: The internal stage of the bulk load when ``snowflake.stage`` names none.
+DEFAULT_STAGE = "CDCFLOW_STAGE"
+
+
+def use_bulk(config: CdcflowConfig, rows: int) -> bool:
+    """Whether a change set of ``rows`` rows is loaded through a stage (``load_method``)."""
+    method = config.snowflake.load_method
+    return method == "bulk" or (method == "auto" and rows >= config.snowflake.bulk_min_rows)
+
+
+def snapshot_chunks(
+    table: DeltaTable, rows: int, target: SyncTarget = CUSTOMERS_TARGET
+) -> Iterator[pl.DataFrame]:
+    """The public Silver columns of ``table``'s loaded version as ``UPSERT`` rows, ``rows`` at a
+    time (a full refresh streamed: never the whole table in memory)."""
+    dataset = table.to_pyarrow_dataset()
+    for batch in dataset.to_batches(columns=list(target.names), batch_size=rows):
+        frame = pl.from_arrow(batch)
+        assert isinstance(frame, pl.DataFrame)
+        if frame.height:
+            yield frame.select(pl.lit("UPSERT").alias("CHANGE_KIND"), *target.names)
+
+
+def _bulk_load_stage(
+    config: CdcflowConfig,
+    cur: Any,
+    sync_id: str,
+    chunks: Iterable[pl.DataFrame],
+    fail_at: str | None,
+    target: SyncTarget = CUSTOMERS_TARGET,
+) -> int:
+    """Bulk load: the change rows as Parquet files (``bulk_file_rows`` rows each, written one at
+    a time to a temporary folder), ``PUT`` to ``@<stage>/<stage table>/<sync_id>/``, then one
+    ``COPY INTO`` the stage table matching columns by name (Snowflake docs: "Loading data",
+    "COPY INTO <table>", Parquet with ``MATCH_BY_COLUMN_NAME``). The files of an attempt live
+    under its own path, so a retried sync never copies another attempt's rows; the stage path
+    is removed after the copy where the server supports ``REMOVE``.
+
+    Args:
+        chunks: the change rows (``CHANGE_KIND`` + the public columns), one file each.
+
+    Returns:
+        Rows loaded.
+    """
+
+    path, files = _put_files(
+        config,
+        cur,
+        sync_id,
+        target.stage,
+        (
+            chunk.select(
+                pl.lit(sync_id).alias("SYNC_ID"),
+                pl.lit(datetime.now(UTC)).alias("LOADED_AT"),
+                pl.col("CHANGE_KIND"),
+                *(pl.col(c).alias(c.upper()) for c in target.names),
+            ).to_arrow()
+            for chunk in chunks
+        ),
+    )
+    fail_point("after_put", fail_at)
+    if files:
+        _execute(cur, _copy_sql(target.stage, path))
+    fail_point("after_copy", fail_at)
+    total = int(
+        _execute(
+            cur, f"SELECT COUNT(*) FROM {target.stage} WHERE SYNC_ID = %s", (sync_id,)
+        ).fetchone()[0]
+    )
+    _remove(cur, path)
+    return total
+
+
+def _arrow_chunks(table: pa.Table, rows: int) -> Iterator[pa.Table]:
+    for start in range(0, table.num_rows, rows):
+        yield table.slice(start, rows)
+
+
+def _copy_sql(table: str, path: str) -> str:
+    """``COPY INTO`` a table from the Parquet files under a stage path, columns by name."""
+    return (
+        f"COPY INTO {table} FROM {path} FILE_FORMAT=(TYPE=PARQUET) "
+        "MATCH_BY_COLUMN_NAME=CASE_INSENSITIVE"
+    )
+
+
+def _put_files(
+    config: CdcflowConfig, cur: Any, sync_id: str, table: str, parts: Iterable[pa.Table]
+) -> tuple[str, int]:
+    """Each Arrow table of ``parts`` as one Parquet file (written to a temporary folder, one at
+    a time), ``PUT`` to ``@<stage>/<table>/<sync_id>/``; the path (with an empty file when
+    ``parts`` is empty, so a ``COPY`` of it loads nothing).
+
+    Every attempt has a path of its own: Snowflake's load metadata would skip a file copied
+    before, and a retried sync must never see another attempt's rows.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    stage = config.snowflake.stage or DEFAULT_STAGE
+    if not config.snowflake.stage:
+        _execute(cur, f"CREATE STAGE IF NOT EXISTS {DEFAULT_STAGE}")
+    path = f"@{stage}/{table.lower()}/{sync_id}"
+    folder = Path(tempfile.mkdtemp(prefix="cdcflow-sf-"))
+    number = -1
+    try:
+        for number, part in enumerate(parts):
+            file = folder / f"part-{number:05d}.parquet"
+            pq.write_table(part, file)
+            _execute(
+                cur, f"PUT 'file://{file.as_posix()}' {path} AUTO_COMPRESS=FALSE OVERWRITE=TRUE"
+            )
+            file.unlink()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return path, number + 1
+
+
+def _remove(cur: Any, path: str) -> None:
+    """Remove a copied attempt's files from the stage (the emulator has no ``REMOVE``: they
+    stay, under the attempt's own path)."""
+    try:
+        _execute(cur, f"REMOVE {path}")
+    except Exception:
+        log.debug("stage path not removed", extra={"path": path})
 
 
 def _key_match(target: SyncTarget) -> str:
@@ -396,13 +533,23 @@ def sync_dim(
                     extra={"from_version": synced, "error_type": type(exc).__name__},
                 )
                 kind = "full"
-        if changes is None:
-            changes = read_snapshot(silver, current, target)
         report = TableSyncReport(target.table, source, kind, synced, current)
         report.source_committed_at = _commit_time(silver, current)
         sync_id = uuid.uuid4().hex
-        chunk = config.snowflake.load_chunk_rows
-        report.staged = _load_stage(cur, sync_id, changes, chunk, target)
+        file_rows = config.snowflake.bulk_file_rows
+        if changes is None and use_bulk(config, silver.to_pyarrow_dataset().count_rows()):
+            chunks: Iterable[pl.DataFrame] = snapshot_chunks(silver, file_rows, target)
+        elif changes is None:
+            changes = read_snapshot(silver, current, target)
+        if changes is not None and use_bulk(config, changes.height):
+            chunks = changes.iter_slices(file_rows)
+        if changes is None or use_bulk(config, changes.height):
+            report.staged = _bulk_load_stage(config, cur, sync_id, chunks, fail_at, target)
+            report.load_method = "bulk"
+        else:
+            chunk = config.snowflake.load_chunk_rows
+            report.staged = _load_stage(cur, sync_id, changes, chunk, target)
+            report.load_method = "bind"
         fail_point("after_load", fail_at)
         _commit_dim(config, report, sync_id, fail_at, target)
         fail_point("after_commit", fail_at)
@@ -494,7 +641,21 @@ def sync_gold_table(
         return TableSyncReport(target_table, source, "noop", synced, version)
     report = TableSyncReport(target_table, source, "full", synced, version)
     report.source_committed_at = _commit_time(gold, version)
-    rows = [tuple(r.values()) for r in data.to_pylist()]
+    sync_id = uuid.uuid4().hex
+    path = None
+    if use_bulk(config, data.num_rows):  # the files staged first; the copy in the transaction
+        with connect(config) as conn:
+            path, _ = _put_files(
+                config,
+                conn.cursor(),
+                sync_id,
+                target_table,
+                _arrow_chunks(data, config.snowflake.bulk_file_rows),
+            )
+        report.load_method = "bulk"
+    else:
+        report.load_method = "bind"
+    rows = [] if path is not None else [tuple(r.values()) for r in data.to_pylist()]
     insert = (
         f"INSERT INTO {target_table} ({', '.join(c for c, _ in cols)}) "
         f"VALUES ({', '.join(['%s'] * len(cols))})"
@@ -504,14 +665,16 @@ def sync_gold_table(
         try:
             _execute(cur, f"DELETE FROM {target_table}")
             report.deleted = max(int(cur.rowcount or 0), 0)
+            if path is not None and data.num_rows:
+                _execute(cur, _copy_sql(target_table, path))
             for chunk in _chunks(rows, config.snowflake.load_chunk_rows):
                 cur.executemany(insert, chunk)
-            _advance_state(cur, report, uuid.uuid4().hex)
+            _advance_state(cur, report, sync_id)
             tx.commit()
         except BaseException:
             tx.rollback()
             raise
-    report.staged = report.inserted = len(rows)
+    report.staged = report.inserted = data.num_rows
     report.synced_at = datetime.now(UTC)
     return report
 
