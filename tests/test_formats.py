@@ -197,7 +197,7 @@ def test_debezium_create_decodes_every_logical_type(schema: bool) -> None:
         "profile": '{"limits":[1,2.5],"tier":"gold"}',
     }
     assert event.event_timestamp == datetime.fromtimestamp((TS_MS + 1000) / 1000, UTC)
-    assert event.lsn_number == (1000 << 64) | 1000
+    assert event.lsn_number == 1000 << 64
 
 
 def test_debezium_negative_decimal_and_variable_scale() -> None:
@@ -286,13 +286,51 @@ def test_debezium_redelivery_is_an_exact_duplicate_and_ids_are_distinct() -> Non
     assert a.event_id != b.event_id
 
 
-def test_debezium_postgres_sequence_orders_by_last_commit_then_lsn() -> None:
+def test_debezium_postgres_orders_by_lsn_with_or_without_sequence() -> None:
+    """A row's changes are ordered by their own LSN (one open transaction changes a row at a
+    time); ``source.sequence``'s last commit LSN only breaks ties, so events with and without
+    it compare alike."""
     decoder = DebeziumDecoder()
-    # T2 wrote at LSN 300 but committed after T1 (last commit 500): T2's change comes later
-    t1 = validate(decoder.decode(dbz("u", account_row(1), lsn=400, last_commit=250), ACCOUNTS))
-    t2 = validate(decoder.decode(dbz("u", account_row(1), lsn=300, last_commit=500), ACCOUNTS))
-    assert isinstance(t1, ChangeEvent) and isinstance(t2, ChangeEvent)
-    assert t1.sequence < t2.sequence
+    old = validate(decoder.decode(dbz("u", account_row(1, owner="old"), lsn=100), ACCOUNTS))
+    new = validate(
+        decoder.decode(dbz("u", account_row(1, owner="new"), lsn=200, last_commit=0), ACCOUNTS)
+    )
+    newer = validate(
+        decoder.decode(dbz("u", account_row(1, owner="x"), lsn=300, last_commit=250), ACCOUNTS)
+    )
+    assert isinstance(old, ChangeEvent) and isinstance(new, ChangeEvent)
+    assert isinstance(newer, ChangeEvent)
+    assert old.sequence < new.sequence < newer.sequence
+    state = fold_changes([newer, old, new], ACCOUNTS, "soft").rows
+    assert state[(1,)]["owner"] == "x"
+
+
+def test_debezium_bad_values_are_rejections_that_quote_nothing() -> None:
+    decoder = DebeziumDecoder()
+    secret = "Ann SECRET"
+    connector = dbz("c", account_row(1), lsn=5)
+    connector["payload"]["source"]["connector"] = secret
+    got = decoder.decode(connector, ACCOUNTS)
+    assert isinstance(got, Rejection) and got.reason == "INVALID_LSN"
+    assert secret not in got.detail
+    arabic = dbz("c", account_row(1), lsn=5)
+    arabic["payload"]["source"]["sequence"] = '["\u0661\u0662", "2"]'
+    got = decoder.decode(arabic, ACCOUNTS)
+    assert isinstance(got, Rejection) and got.reason == "INVALID_LSN"
+    # a value its logical type cannot decode is rejected, never stored as text
+    undecodable = dbz("c", {**account_row(1), "balance": "not base64!"}, lsn=6)
+    got = decoder.decode(undecodable, ACCOUNTS)
+    assert isinstance(got, Rejection) and got.reason == "SCHEMA_MISMATCH"
+    assert "balance" in got.detail and "not base64" not in got.detail
+    # a source column with the name of a field of the flat record cannot be carried
+    clash = dbz("c", {**account_row(1), "operation": "refund"}, lsn=7, schema=False)
+    got = decoder.decode(clash, ACCOUNTS)
+    assert isinstance(got, Rejection) and got.reason == "SCHEMA_MISMATCH"
+    assert "refund" not in got.detail
+    # a JSON text nested deeper than a record may be: a rejection, not a crash
+    deep = dbz("c", {**account_row(1), "profile": "[" * 400 + "]" * 400}, lsn=8)
+    got = validate(decoder.decode(deep, ACCOUNTS))
+    assert isinstance(got, Rejection) and got.reason == "MALFORMED_JSON"
 
 
 def mysql(file: str, pos: int, row: int = 0, **extra: Any) -> dict:
@@ -604,3 +642,41 @@ def dbz_files(seed: int) -> list[list[str]]:
     rng.shuffle(lines)
     cuts = sorted(rng.sample(range(1, len(lines)), 4))
     return [lines[a:b] for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=True)]
+
+
+def test_router_envelopes_non_objects_and_the_dms_fallback() -> None:
+    """The Kafka envelope is only read on a Kafka source (elsewhere ``_kafka`` is a field like
+    any other); a value that is not an object is ``MALFORMED_JSON``; a record that names its
+    table goes there unless the topic is mapped explicitly; the one-DMS-table fallback takes
+    DMS-like rows only."""
+    flat = ACCOUNTS.model_copy(update={"format": "flat"})
+    record = {
+        "event_id": "E1", "account_id": 1, "operation": "INSERT",
+        "event_timestamp": NOW.isoformat(), "metadata": {"lsn": 5, "source_table": "accounts"},
+        "_kafka": {"topic": "elsewhere.orders"},
+    }  # fmt: skip
+    files = Router([flat], "flat")
+    route = files.route(json.dumps(record).encode())
+    assert route.table == "accounts" and route.record == record
+    kafka = Router([flat], "flat", topic_tables={})
+    for value in ("[1, 2]", '"text"', "42"):
+        line = f'{{"_kafka": {{"topic": "shop.public.accounts"}}, "value": {value}}}'
+        route = kafka.route(line.encode())
+        assert route.table == "accounts" and route.rejection is not None
+        assert route.rejection.reason == "MALFORMED_JSON"
+    assert kafka.route(b"null").rejection is not None  # a null line of no Kafka record
+    # the table a record names wins over the topic's name, an explicit mapping over both
+    orders_event = json.dumps(dbz("c", {"order_id": "O-1"}, lsn=9, table="orders",
+                                      fields=ORDER_FIELDS))  # fmt: skip
+    line = f'{{"_kafka": {{"topic": "one.topic.accounts"}}, "value": {orders_event}}}'.encode()
+    both = Router([ACCOUNTS, ORDERS], "debezium", topic_tables={})
+    assert both.route(line).table == "orders"
+    mapped = Router([ACCOUNTS, ORDERS], "debezium", topic_tables={"one.topic.accounts": "accounts"})
+    assert mapped.route(line).table == "accounts"
+    # one DMS table: rows naming no table go to it, flat or Debezium records do not
+    ledger = ORDERS.model_copy(update={"name": "ledger", "format": "dms"})
+    mixed = Router([flat, ledger], "flat")
+    assert mixed.route(b'{"Op": "I", "order_id": "O-1", "AR_H_CHANGE_SEQ": "1"}').table == "ledger"
+    typo = {**record, "metadata": {"lsn": 5, "source_table": "acounts"}}
+    del typo["_kafka"]
+    assert mixed.route(json.dumps(typo).encode()).rejection.reason == "UNKNOWN_TABLE"  # type: ignore[union-attr]

@@ -510,3 +510,25 @@ def test_starting_offsets_latest_and_a_timestamp(kafka_broker: str, tmp_path: Pa
     since = write_config(tmp_path / "since", prefix, starting_offsets=middle.isoformat())
     Pipeline(since).run(Trigger.parse("available-now"))
     assert sorted(r["account_id"] for r in rows(since, "silver/accounts")) == [4, 5, 6]
+    # a partition added later is read from its beginning, whatever starting_offsets says
+    add_partitions(topic, 2)
+    produce([(topic, 1, json.dumps(dbz("c", account_row(9), lsn=900)).encode())])
+    Pipeline(latest).run(Trigger.parse("available-now"))
+    assert sorted(r["account_id"] for r in rows(latest, "silver/accounts")) == [4, 5, 6, 9]
+
+
+def test_offsets_that_go_back_and_a_corrupt_state_stop_the_run(tmp_path: Path) -> None:
+    """A partition whose offsets went back (the topic deleted and created again) and an
+    unreadable write-ahead state are errors that name the cause, never records skipped."""
+    from cdcflow.sources.kafka import KafkaSource, KafkaSourceError
+
+    source = KafkaSource(write_config(tmp_path, "x"))
+    source._partitions = lambda consumer: [("x.public.accounts", 0)]  # type: ignore[method-assign]
+    source._watermarks = lambda consumer, t, p: (0, 5)  # type: ignore[method-assign]
+    with pytest.raises(KafkaSourceError, match="went back from 100 to 5"):
+        source._plan(None, {"x.public.accounts:0": 100}, "kafka_00000001.jsonl")
+    source.state_path.parent.mkdir(parents=True, exist_ok=True)
+    for corrupt in ('{"next": [], "plans": []}', '{"next": {"a:0": 1e400}, "plans": []}', "{"):
+        source.state_path.write_text(corrupt)
+        with pytest.raises(KafkaSourceError, match="unreadable source state"):
+            source._load()

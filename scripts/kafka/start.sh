@@ -102,7 +102,7 @@ launch() {  # launch <role> <log> <heap options> <classpath> <main class> [args.
   setsid nohup "$JAVA" "-Dcdcflow.kafka.role=$role" "-Dcdcflow.kafka.home=$KHOME" \
     -server $heap -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExplicitGCInvokesConcurrent \
     -Djava.awt.headless=true "-Dlog4j2.configurationFile=$KHOME/config/log4j2.properties" \
-    -cp "$cp" "$@" >"$log" 2>&1 </dev/null &
+    -cp "$cp" "$@" >"$log" 2>&1 </dev/null 9>&- &  # 9>&-: the JVM must not hold the start lock
   echo $! >"$KHOME/$role.pid"
 }
 

@@ -195,7 +195,17 @@ class ContractValidator:
         return tuple(key)
 
     def validate_object(self, record: dict[str, Any]) -> ChangeEvent | Rejection:
-        """Validate a parsed JSON object; see :meth:`validate`."""
+        """Validate a parsed JSON object; see :meth:`validate`.
+
+        Never raises: a record that cannot be processed (e.g. a value nested too deep for its
+        canonical JSON) is a ``MALFORMED_JSON`` rejection.
+        """
+        try:
+            return self._validate_object(record)
+        except Exception as exc:  # a record is data, never a stream-stopping error
+            return Rejection("MALFORMED_JSON", f"unprocessable record ({type(exc).__name__})")
+
+    def _validate_object(self, record: dict[str, Any]) -> ChangeEvent | Rejection:
         contract = self.contract
         key = self._key(record)
         if isinstance(key, Rejection):

@@ -108,14 +108,15 @@ class Router:
         parsed = parse_value(data) if self.decodes else parse_record(data)
         if isinstance(parsed, Rejection):
             return Route(None, rejection=parsed)
-        if isinstance(parsed, dict) and ENVELOPE in parsed:
+        if self.topic_tables is not None and isinstance(parsed, dict) and ENVELOPE in parsed:
             return self._kafka(parsed)
         if parsed is None:  # a null value: only a decoding format gives it a meaning
-            decoder = self._probes[self._order[0]] or next(
-                (d for d in self._probes.values() if d is not None), None
+            decoder = next((d for d in self._probes.values() if d is not None), None)
+            skipped = (
+                decoder.decode(None, next(iter(self.contracts.values())))
+                if decoder is not None
+                else None
             )
-            assert decoder is not None  # parse_value returns None only when decoding
-            skipped = decoder.decode(None, next(iter(self.contracts.values())))
             if isinstance(skipped, Skipped):
                 return Route(None, skipped=skipped)
             return Route(None, rejection=Rejection("MALFORMED_JSON", "JSON null is not an object"))
@@ -123,7 +124,7 @@ class Router:
         for fmt in self._order:
             probe = self._probes[fmt]
             name = route_name(parsed) if probe is None else probe.table_of(parsed)
-            if name is None and fmt == "dms" and self._only_dms is not None:
+            if name is None and fmt == "dms" and self._only_dms is not None and _dms_row(parsed):
                 name = self._only_dms
             if name is None:
                 continue
@@ -157,16 +158,25 @@ class Router:
             return Route(
                 None, rejection=Rejection("MALFORMED_JSON", "a Kafka envelope without topic")
             )
-        table = (self.topic_tables or {}).get(topic, topic.rsplit(".", 1)[-1])
+        mapped = (self.topic_tables or {}).get(topic)
+        table = mapped or topic.rsplit(".", 1)[-1]
+        value = staged.get("value")
+        if mapped is None and isinstance(value, dict):
+            # no explicit mapping: the table the record names wins over the topic's name (a
+            # DMS task writes every table to one topic; a routing SMT merges topics)
+            fmt = self.formats.get(table, self._order[0])
+            probe = self._probes.get(fmt) or decoder_for(fmt)
+            own = route_name(value) if probe is None else probe.table_of(value)
+            if own is not None:
+                table = own
         if table not in self.contracts:
             declared = ", ".join(self.names)
-            detail = f"topic {topic} maps to table {table}, not a declared table ({declared})"
+            detail = f"a record of topic {topic}, table {table}: not a declared table ({declared})"
             return Route(None, rejection=Rejection(UNKNOWN_TABLE, detail), source_table=table)
         if "value_text" in staged:
             return Route(
                 table, rejection=Rejection("MALFORMED_JSON", "the Kafka record's value is not JSON")
             )
-        value = staged.get("value")
         if value is None:
             return Route(table, skipped=Skipped("tombstone", "a Kafka tombstone (null value)"))
         return self.decode(table, value)
@@ -175,6 +185,11 @@ class Router:
         """Decode a parsed record of ``table`` (a declared table) to its flat record."""
         decoder = self.decoders[table]
         if decoder is None:
+            if not isinstance(parsed, dict):
+                kind = "null" if parsed is None else type(parsed).__name__
+                return Route(
+                    table, rejection=Rejection("MALFORMED_JSON", f"JSON {kind} is not an object")
+                )
             return Route(table, record=parsed)
         decoded = decoder.decode(parsed, self.contracts[table])
         if isinstance(decoded, Rejection):
@@ -189,7 +204,7 @@ class Router:
         parsed = parse_value(raw) if self.decodes else parse_record(raw)
         if isinstance(parsed, Rejection):
             return parsed
-        if isinstance(parsed, dict) and ENVELOPE in parsed:
+        if self.topic_tables is not None and isinstance(parsed, dict) and ENVELOPE in parsed:
             route = self._kafka(parsed)
         else:
             route = self.decode(table, parsed)
@@ -199,6 +214,12 @@ class Router:
             return route.skipped
         assert route.record is not None
         return route.record
+
+
+def _dms_row(record: Any) -> bool:
+    """Whether a record that names no table can be a DMS flat row (S3 files name none): an
+    object without the flat format's ``metadata`` and without a Debezium envelope."""
+    return isinstance(record, dict) and not ({"metadata", "payload", "op", "source"} & set(record))
 
 
 __all__ = ["UNKNOWN_TABLE", "Route", "Router", "parse_value"]

@@ -6,7 +6,9 @@ each micro-batch is planned, :meth:`KafkaSource.stage`:
 1. lists the topics (``source.kafka.topics`` and/or ``topic_pattern``) and their partitions
    (new topics and partitions are picked up at every trigger);
 2. **plans** the next range of every partition, ``[from, until)``: ``from`` is where the last
-   staged range ended (a partition seen for the first time starts at ``starting_offsets``),
+   staged range ended (the partitions of the first trigger start at ``starting_offsets``; a
+   topic or partition that appears later starts at its beginning, as Spark's Kafka source
+   does),
    ``until`` the partition's high watermark now, the ranges together cut to
    ``source.max_records_per_trigger`` records;
 3. writes the plan — topic, partition, from, until, and the landing file that will hold it —
@@ -32,8 +34,10 @@ Bronze's ``raw_payload`` and a quarantined ``raw_line`` name the record's positi
 value in that table's format. Raw newlines between JSON tokens (pretty-printed values) become
 spaces, the same JSON.
 
-Records deleted by retention before they were read are a :class:`KafkaSourceError` (the range
-cannot be read exactly once), never skipped silently. The connection settings' secrets come
+Records deleted by retention before they were read, and offsets that went back (a topic
+deleted and created again), are a :class:`KafkaSourceError` (the range cannot be read exactly
+once), never skipped silently. A trigger waits ``poll_timeout`` at most for the next record of
+its planned ranges (the wait starts over with each record). The connection settings' secrets come
 from environment variables or files and are never logged.
 """
 
@@ -175,12 +179,10 @@ def envelope_line(
     try:
         orjson.loads(text)
         valid = True
-    except orjson.JSONDecodeError:
-        try:
-            json.loads(text)
-            valid = True
-        except ValueError:
-            valid = False
+    except orjson.JSONDecodeError:  # what the record parser accepts beyond orjson, no more
+        from cdcflow.plan.rules import Rejection, parse_record
+
+        valid = not isinstance(parse_record('{"v":' + text + "}"), Rejection)
     if valid:
         body = text.replace("\r", " ").replace("\n", " ")  # only whitespace between tokens
         return f'{{"{ENVELOPE}":{head},"value":{body}}}'
@@ -224,8 +226,11 @@ class KafkaSource:
                 {str(k): int(v) for k, v in data["next"].items()},
                 [Plan.from_json(p) for p in data["plans"]],
             )
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            raise KafkaSourceError(f"{self.state_path}: unreadable source state ({exc})") from exc
+        except Exception as exc:  # any shape but the one written: say which file
+            raise KafkaSourceError(
+                f"{self.state_path}: unreadable source state ({type(exc).__name__}); restore it "
+                "or remove it to read every topic again (re-deliveries are exact duplicates)"
+            ) from None
 
     def _save(self, positions: dict[str, int], plans: list[Plan]) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -306,17 +311,27 @@ class KafkaSource:
         """The next ranges of every partition (updates ``positions`` for new partitions)."""
         budget = self.max_records
         ranges = []
+        first_trigger = not positions
         for topic, partition in self._partitions(consumer):
             tp = f"{topic}:{partition}"
-            if tp not in positions:
-                positions[tp] = self._first_offset(consumer, topic, partition)
             low, high = self._watermarks(consumer, topic, partition)
+            if tp not in positions:
+                # starting_offsets for the partitions of the first trigger; a topic or a
+                # partition that appears later is read from its beginning (nothing skipped)
+                first = self._first_offset(consumer, topic, partition) if first_trigger else low
+                positions[tp] = first
             start = positions[tp]
             if start < low:
                 raise KafkaSourceError(
                     f"{topic}[{partition}]: offsets {start}..{low - 1} were deleted by retention "
                     "before cdcflow read them; re-snapshot the table, then reset the source state "
                     f"({self.state_path})"
+                )
+            if start > high:
+                raise KafkaSourceError(
+                    f"{topic}[{partition}]: its offsets went back from {start} to {high} (the "
+                    "topic was deleted and created again?); the records after the reset were not "
+                    f"read: re-snapshot the table, then reset the source state ({self.state_path})"
                 )
             until = high
             if budget is not None:
@@ -347,13 +362,15 @@ class KafkaSource:
                 if time.monotonic() > deadline:
                     missing = ", ".join(f"{t}[{p}]" for t, p in pending)
                     raise KafkaSourceError(
-                        f"could not read the planned records of {missing} within "
-                        f"source.kafka.poll_timeout ({self._timeout():.0f} s): is the broker up?"
+                        f"no record of the planned range of {missing} arrived for "
+                        f"source.kafka.poll_timeout ({self._timeout():g} s): is the broker up? "
+                        "(records deleted by retention meanwhile cannot be read either)"
                     )
                 message = consumer.poll(1.0)
                 if message is None:
                     self._done_by_position(consumer, pending)
                     continue
+                deadline = time.monotonic() + self._timeout()  # progress: the wait starts over
                 key = (message.topic(), message.partition())
                 error = message.error()
                 if error is not None:

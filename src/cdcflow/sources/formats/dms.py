@@ -43,12 +43,15 @@ A DELETE carries only the key columns (DMS sends the deleted row or its key).
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from cdcflow.model.contracts import TableContract, canonical_json
 from cdcflow.plan.rules import Rejection
 from cdcflow.sources.formats import Decoded, Skipped, put_path
+from cdcflow.sources.formats.debezium import envelope_heads
 
+_DIGITS = re.compile(r"^[0-9]+$")
 _JSON_OPERATIONS = {"load": "INSERT", "insert": "INSERT", "update": "UPDATE", "delete": "DELETE"}
 _FLAT_OPERATIONS = {"I": "INSERT", "U": "UPDATE", "D": "DELETE"}
 #: Positions of the JSON flavour: a full-load row before every change.
@@ -112,12 +115,22 @@ class DmsDecoder:
             return Rejection("MALFORMED_JSON", f"undecodable AWS DMS record ({type(exc).__name__})")
 
     @staticmethod
-    def _row(row: Any, operation: str, contract: TableContract) -> dict[str, Any]:
+    def _row(row: Any, operation: str, contract: TableContract) -> dict[str, Any] | Rejection:
+        """The row's columns (a DELETE: its key columns), or a rejection when a column has the
+        name of a field of the flat record."""
         row = row if isinstance(row, dict) else {}
         if operation == "DELETE":
             keys = [contract.column(k).field for k in contract.keys]
-            return {name: row[name] for name in keys if name in row}
-        return {name: value for name, value in row.items() if not _header(name)}
+            row = {name: row[name] for name in keys if name in row}
+        out = {name: value for name, value in row.items() if not _header(name)}
+        reserved = envelope_heads(contract) & set(out)
+        if reserved:
+            return Rejection(
+                "SCHEMA_MISMATCH",
+                f"source column {sorted(reserved)[0]} has the name of a field of the flat "
+                "record: rename it at the source",
+            )
+        return out
 
     def _message(self, record: dict[str, Any], contract: TableContract) -> Decoded:
         metadata: dict[str, Any] = record["metadata"]
@@ -131,8 +144,10 @@ class DmsDecoder:
                 "INVALID_OPERATION", "metadata.operation is not load, insert, update or delete"
             )
         flat = self._row(record.get("data"), operation, contract)
+        if isinstance(flat, Rejection):
+            return flat
         tx, rec = metadata.get("transaction-id"), metadata.get("transaction-record-id")
-        if str(tx or "").isdigit() and str(rec if rec is not None else "").isdigit():
+        if _DIGITS.match(str(tx or "")) and _DIGITS.match(str(rec if rec is not None else "")):
             event_id = f"dms-{int(str(tx)):020d}-{int(str(rec)):010d}"
         else:
             event_id = f"dms-{_digest(record)}"
@@ -162,6 +177,8 @@ class DmsDecoder:
         if operation == "INSERT" and (sequence is None or not str(sequence).strip()):
             is_load = True  # a full-load row written with Op I (includeOpForFullLoad)
         flat = self._row(record, operation, contract)
+        if isinstance(flat, Rejection):
+            return flat
         stream_position = record.get("AR_H_STREAM_POSITION")
         if is_load:
             event_id = f"dms-load-{_digest(record)}"
