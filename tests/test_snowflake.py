@@ -490,3 +490,44 @@ def test_declared_tables_sync_inline_after_each_batch(
     for batch_id, logged in enumerate(batch_log):
         lags = [r["lag_s"] for r in log if r["batch_id"] == batch_id]
         assert logged["snowflake_sync_lag_s"] == max(lags)
+
+
+def test_an_evolved_column_is_added_to_the_snowflake_table(
+    tmp_path: Path, emulator: dict[str, Any]
+) -> None:
+    """``unknown_fields: evolve``: a field first seen after the first sync becomes a Silver
+    column, then ``ALTER TABLE … ADD COLUMN`` on the Snowflake table (and its stage), filled by
+    the next sync on both load paths."""
+    import yaml
+
+    from cdcflow.layers.contract_replay import held_contracts
+    from cdcflow.pipeline import Pipeline, Trigger
+    from cdcflow.sinks.snowflake.reconcile import reconcile_target
+    from cdcflow.sinks.snowflake.tables import contract_target
+    from tests.test_tables_pipeline import rec, write_config, write_files
+
+    config = write_config(tmp_path)
+    raw = yaml.safe_load(Path(config.file).read_text())
+    raw["tables"][0]["unknown_fields"] = "evolve"
+    Path(config.file).write_text(yaml.safe_dump(raw, sort_keys=False))
+    from cdcflow.config import load_config
+
+    config = load_config(config.file)
+    config.snowflake = SnowflakeSection(
+        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:"
+    )
+    write_files(config, [[json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1))]])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    sync_snowflake(config)
+    for method, i in (("bind", 2), ("bulk", 3)):
+        config.snowflake.load_method = method  # type: ignore[assignment]
+        event = rec("accounts", f"A{i}", "INSERT", 10 + i, account_id=i, nickname=f"n{i}")
+        write_files(config, [[json.dumps(event)]])
+        Pipeline(config).run(Trigger.parse("available-now"))
+        sync_snowflake(config)
+        targets = [contract_target(c) for c in held_contracts(config)]
+        assert all(reconcile_target(config, t).equal for t in targets), method
+    with connect(config) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT ACCOUNT_ID, NICKNAME FROM ACCOUNTS_CURRENT ORDER BY ACCOUNT_ID")
+        assert cur.fetchall() == [(1, None), (2, "n2"), (3, "n3")]

@@ -110,11 +110,12 @@ def snowflake(
         for sig, old in previous.items():
             signal.signal(sig, old)
     if verify and cfg.tables:  # each declared table's Silver vs its Snowflake table
+        from cdcflow.layers.contract_replay import held_contracts
         from cdcflow.sinks.snowflake.reconcile import reconcile_target
         from cdcflow.sinks.snowflake.tables import contract_target
 
         with working("snowflake: comparing with silver"):
-            comparisons = [reconcile_target(cfg, contract_target(c)) for c in cfg.contracts()]
+            comparisons = [reconcile_target(cfg, contract_target(c)) for c in held_contracts(cfg)]
         for c in comparisons:
             console.print(
                 f"{c.target}: {'EQUAL' if c.equal else 'DIFFERENT'} — {c.source} "

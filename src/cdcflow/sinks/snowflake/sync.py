@@ -482,6 +482,33 @@ def ensure_tables(config: CdcflowConfig, cur: Any, target: SyncTarget | None = N
         statements = [*state_ddl(where.database, where.schema), *target_ddl(target)]
     for statement in statements:
         _execute(cur, statement)
+    if target is not None and target != CUSTOMERS_TARGET:
+        add_columns(cur, target)
+
+
+def add_columns(cur: Any, target: SyncTarget) -> list[str]:
+    """``ALTER TABLE … ADD COLUMN`` on the target and its stage for each public column the
+    Silver table has and they lack (a contract evolved since the tables were created: a new
+    nullable column, ``docs/tables.md``).
+
+    Returns:
+        The columns added (upper case).
+    """
+    added: list[str] = []
+    for table, stage in ((target.table, False), (target.stage, True)):
+        present = {
+            d[0].upper() for d in _execute(cur, f"SELECT * FROM {table} LIMIT 0").description
+        }
+        for name in target.names:
+            if name.upper() in present:
+                continue
+            kind = target.stage_type(name) if stage else target.sf_type(name)
+            _execute(cur, f"ALTER TABLE {table} ADD COLUMN {name.upper()} {kind}")
+            if not stage:
+                added.append(name.upper())
+    if added:
+        log.info("snowflake columns added", extra={"target": target.table, "columns": added})
+    return added
 
 
 # ---------------------------------------------------------------- Silver → DIM
@@ -711,8 +738,11 @@ def sync_snowflake(
     """
     started = time.monotonic()
     if config.tables:  # declared tables: each Silver table to its Snowflake table (no Gold)
+        from cdcflow.layers.contract_replay import held_contracts
+
+        # the contracts as the Delta tables hold them: columns evolved from events included
         report = SyncReport(
-            [sync_dim(config, full, fail_at, contract_target(c)) for c in config.contracts()]
+            [sync_dim(config, full, fail_at, contract_target(c)) for c in held_contracts(config)]
         )
     else:
         report = SyncReport([sync_dim(config, full=full, fail_at=fail_at)])
