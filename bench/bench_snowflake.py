@@ -3,13 +3,15 @@
 Usage::
 
     .venv/bin/python bench/bench_snowflake.py                         # 100,000 keys
-    .venv/bin/python bench/bench_snowflake.py --customers 1000000 --methods bulk
+    .venv/bin/python bench/bench_snowflake.py --customers 1000000 --methods auto
     .venv/bin/python bench/bench_snowflake.py --customers 20000 --events 1000
 
 One lakehouse of ``--customers`` keys (one INSERT each, in ``--files`` landing files, through
-the local engine), then per load method (``--methods``: ``bulk`` = Parquet files PUT to a stage
-and COPY INTO the stage table; ``bind`` = row binding with ``executemany``, run only up to
-``--bind-max`` keys: it loads a few hundred rows per second):
+the local engine), then per load method (``--methods``: ``auto`` = the default
+``snowflake.load_method``, Parquet files PUT to a stage and COPY INTO the stage table from
+``bulk_min_rows`` rows on, row binding below (the small Gold tables); ``bulk`` = always the
+stage; ``bind`` = row binding with ``executemany`` always, run only up to ``--bind-max`` keys: it
+loads a few hundred rows per second):
 
 1. a full sync (bootstrap) into a fresh emulator database, in a child process of its own:
    seconds, rows/s, peak RSS of that process;
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--customers", type=int, default=100_000, help="keys in Silver")
     parser.add_argument("--events", type=int, default=1_000, help="keys changed, incremental")
     parser.add_argument("--files", type=int, default=4, help="landing files of the load")
-    parser.add_argument("--methods", default="bulk,bind")
+    parser.add_argument("--methods", default="auto,bind")
     parser.add_argument("--bind-max", type=int, default=20_000, help="largest bind run (keys)")
     parser.add_argument("--child")
     parser.add_argument("--work", type=Path)

@@ -532,3 +532,13 @@ def test_offsets_that_go_back_and_a_corrupt_state_stop_the_run(tmp_path: Path) -
         source.state_path.write_text(corrupt)
         with pytest.raises(KafkaSourceError, match="unreadable source state"):
             source._load()
+
+
+def test_a_pattern_that_matches_no_topic_says_so(kafka_broker: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path, f"none{uuid.uuid4().hex[:8]}")
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcflow", "run", "--config", config.file],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no Kafka topic matches source.kafka" in done.stdout

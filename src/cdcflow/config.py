@@ -177,7 +177,10 @@ class KafkaSourceSection(_Section):
             try:
                 re2.compile(value, options)
             except re2.error as exc:
-                raise ValueError(f"not an RE2 pattern: {exc}") from None
+                detail = exc.args[0] if exc.args else exc
+                if isinstance(detail, bytes):
+                    detail = detail.decode("utf-8", "replace")
+                raise ValueError(f"not an RE2 pattern: {detail}") from None
         return value
 
 

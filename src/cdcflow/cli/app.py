@@ -193,6 +193,23 @@ def run(
     if not continuous:
         if reports:
             console.print(batch_table(reports))
+        elif pipeline.config.source.type == "kafka":
+            topics = getattr(pipeline.source, "matched_topics", None)
+            kafka = pipeline.config.source.kafka
+            asked = kafka.topic_pattern or ", ".join(kafka.topics)
+            if not topics:
+                console.print(
+                    f"no Kafka topic matches source.kafka ({asked}) at "
+                    f"{kafka.bootstrap_servers}: check topics / topic_pattern",
+                    soft_wrap=True,
+                    markup=False,
+                )
+            else:
+                console.print(
+                    f"no new records in {len(topics)} Kafka topic(s) matching {asked}",
+                    soft_wrap=True,
+                    markup=False,
+                )
         else:
             folder = Path(pipeline.config.source.path)
             missing = "" if folder.is_dir() else " (the folder does not exist)"

@@ -63,7 +63,7 @@ def batch_line(report: BatchReport) -> str:
     return (
         f"batch {report.batch_id}: {report.files} files, {report.records_received:,} records"
         f" ({report.accepted:,} accepted, {report.quarantined:,} quarantined,"
-        f" {report.duplicates:,} duplicates), {rate:,} events/s, {report.duration_ms:,} ms,"
+        f" {report.duplicates:,} duplicates), {rate:,} events/s, {report.duration_ms:,} ms"
         + ("" if report.silver_version is None else f", silver v{report.silver_version}")
     )
 

@@ -209,6 +209,8 @@ class KafkaSource:
         self.state_path = Path(config.checkpoint.location) / STATE_FILE
         self.max_records = config.source.max_records_per_trigger
         self._conf = client_settings(self.settings, config.file)
+        #: the topics the last trigger found (for the CLI's "nothing new" line)
+        self.matched_topics: list[str] | None = None
         self._pattern: Any = None
         if self.settings.topic_pattern:
             from cdcflow.model.contracts import compile_re2
@@ -262,10 +264,14 @@ class KafkaSource:
         """Every (topic, partition) of the configured topics the broker has now."""
         kafka = require_kafka()
         try:
-            metadata = consumer.list_topics(timeout=self._timeout())
+            metadata = consumer.list_topics(timeout=min(self._timeout(), 15.0))
         except kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if hasattr(error, "str") else str(error)
             raise KafkaSourceError(
-                f"cannot reach Kafka at {self.settings.bootstrap_servers} to list the topics: {exc}"
+                f"cannot reach Kafka at {self.settings.bootstrap_servers} ({reason}): check "
+                "source.kafka.bootstrap_servers, that the broker runs, and source.kafka.options "
+                "(security.protocol, SASL/SSL settings)"
             ) from None
         wanted = set(self.settings.topics)
         found = []
@@ -276,6 +282,12 @@ class KafkaSource:
                 self._pattern is not None and self._pattern.fullmatch(name) is not None
             ):
                 found += [(name, p) for p in topic.partitions]
+        self.matched_topics = sorted({name for name, _ in found})
+        if not found:
+            log.warning(
+                "no Kafka topic matches source.kafka topics / topic_pattern",
+                extra={"bootstrap_servers": self.settings.bootstrap_servers},
+            )
         return sorted(found)
 
     def _watermarks(self, consumer: Any, topic: str, partition: int) -> tuple[int, int]:

@@ -199,12 +199,15 @@ def reconcile_postgres_tables(config: CdcflowConfig) -> dict[str, ReconcileRepor
             )
             actual = pl.from_arrow(silver.to_pyarrow_table(columns=public.names))
             assert isinstance(actual, pl.DataFrame)
-            reports[contract.name] = reconcile_table(
+            report = reconcile_table(
                 actual.filter(~pl.col("is_deleted")),
                 expected,
                 contract,
                 expected_label=f"postgres {schema_name}.{contract.name}",
                 actual_label=f"silver {contract.name}",
             )
-            reports[contract.name].kind = "source-snapshot"
+            report.kind = "source-snapshot"
+            # the live rows are compared; Silver's soft-deleted rows are counted beside them
+            report.actual_counts.deleted = int(actual.get_column("is_deleted").sum())
+            reports[contract.name] = report
     return reports
