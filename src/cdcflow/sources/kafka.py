@@ -54,6 +54,7 @@ import orjson
 
 from cdcflow.errors import CdcflowError, ConfigError, MissingDependencyError
 from cdcflow.logs import get_logger
+from cdcflow.sources.postgres import write_text_atomic as _write_atomic
 
 if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig, KafkaSourceSection
@@ -150,15 +151,6 @@ class Plan:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
         return cls(str(data["path"]), tuple(Range.from_json(r) for r in data["ranges"]))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def envelope_line(

@@ -325,7 +325,9 @@ class StagedFile:
         )
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary name, fsync, then rename (both
+    staging sources' state and staged files)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -372,7 +374,7 @@ class PostgresSource:
     def _save(self, staged: list[StagedFile]) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"slot": self.settings.slot_name, "staged": [f.to_json() for f in staged]}
-        _write_atomic(self.state_path, json.dumps(payload, indent=1))
+        write_text_atomic(self.state_path, json.dumps(payload, indent=1))
 
     # -- pipeline hooks ---------------------------------------------------------------------
     def stage(self, checkpoint: Checkpoint) -> StagedFile | None:
@@ -429,7 +431,7 @@ class PostgresSource:
                 advance(conn, self.settings.slot_name, decoded.end_lsn)
         self.landing.mkdir(parents=True, exist_ok=True)
         lines = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in decoded.events)
-        _write_atomic(path, lines)
+        write_text_atomic(path, lines)
         entry = StagedFile(str(path), decoded.start_lsn, decoded.end_lsn, len(decoded.events))
         self._save([*[f for f in staged if f.path != entry.path], entry])
         if decoded.truncates:

@@ -72,7 +72,7 @@ from cdcflow.model.contracts import TableContract
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
-from cdcflow.plan.routing import Router
+from cdcflow.plan.routing import Route, Router
 from cdcflow.plan.rules import Rejection, parse_record
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import content_lines
@@ -144,6 +144,26 @@ def _tx_id(record: dict[str, Any]) -> Any:
     return metadata.get("tx_id") if isinstance(metadata, dict) else None
 
 
+def _route_columns(route: Route, evolving: dict[str, frozenset[str]]) -> tuple[Any, ...]:
+    """A :class:`cdcflow.plan.routing.Route` as the ``ROUTED_SCHEMA`` values ``table_name``,
+    ``failure_reason``, ``failure_detail``, ``event_id``, ``source_table`` (before the
+    unrouted-only rule), ``unknown_kinds``, ``skipped_kind``, ``skipped_detail``."""
+    reason = detail = event_id = source = kinds = skip_kind = skip_detail = None
+    table = route.table
+    if route.skipped is not None:
+        skip_kind, skip_detail = route.skipped.kind, route.skipped.detail
+        source, table = route.table, None
+    elif table is None:
+        assert route.rejection is not None
+        reason, detail = route.rejection.reason, route.rejection.detail
+        event_id, source = route.rejection.event_id, route.source_table
+    elif route.record is not None and table in evolving:
+        fields = evolving[table]
+        unknown = {k: _kind(v) for k, v in route.record.items() if k not in fields}
+        kinds = json.dumps(unknown) if unknown else None
+    return table, reason, detail, event_id, source, kinds, skip_kind, skip_detail
+
+
 def route_files(
     batches: Iterator[pa.RecordBatch],
     names: tuple[str, ...],
@@ -185,19 +205,8 @@ def route_files(
                 table = reason = detail = event_id = source = kinds = None
                 skip_kind = skip_detail = None
                 if router is not None and router.decodes:
-                    route = router.route(data, error)
-                    table = route.table
-                    if route.skipped is not None:
-                        skip_kind, skip_detail = route.skipped.kind, route.skipped.detail
-                        source, table = route.table, None
-                    elif table is None:
-                        assert route.rejection is not None
-                        reason, detail = route.rejection.reason, route.rejection.detail
-                        event_id, source = route.rejection.event_id, route.source_table
-                    elif route.record is not None and table in evolving:
-                        fields = evolving[table]
-                        unknown = {k: _kind(v) for k, v in route.record.items() if k not in fields}
-                        kinds = json.dumps(unknown) if unknown else None
+                    routed = _route_columns(router.route(data, error), evolving)
+                    table, reason, detail, event_id, source, kinds, skip_kind, skip_detail = routed
                 elif data is None:
                     reason, detail = "MALFORMED_JSON", error or "unreadable"
                 else:
@@ -258,20 +267,8 @@ def route_kafka(
         )
         for topic, partition, offset, stamp, value in rows:
             line = envelope_line(topic, partition, offset, stamp, value)
-            route = router.route(line.encode("utf-8"))
-            table = route.table
-            reason = detail = event_id = source = kinds = skip_kind = skip_detail = None
-            if route.skipped is not None:
-                skip_kind, skip_detail = route.skipped.kind, route.skipped.detail
-                source, table = route.table, None
-            elif table is None:
-                assert route.rejection is not None
-                reason, detail = route.rejection.reason, route.rejection.detail
-                event_id, source = route.rejection.event_id, route.source_table
-            elif route.record is not None and table in evolving:
-                fields = evolving[table]
-                unknown = {k: _kind(v) for k, v in route.record.items() if k not in fields}
-                kinds = json.dumps(unknown) if unknown else None
+            routed = _route_columns(router.route(line.encode("utf-8")), evolving)
+            table, reason, detail, event_id, source, kinds, skip_kind, skip_detail = routed
             name = f"kafka:{topic}[{partition}]"
             for column, item in (
                 ("source_file", name),
