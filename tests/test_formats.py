@@ -30,7 +30,7 @@ from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.errors import ConfigError
 from cdcflow.model.contracts import TableContract
 from cdcflow.pipeline import Pipeline, Trigger
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent
 from cdcflow.plan.reference import fold_changes
 from cdcflow.plan.routing import Router
 from cdcflow.plan.rules import Rejection
@@ -431,6 +431,50 @@ def test_dms_flat_rows_op_and_a_35_digit_change_sequence() -> None:
     assert isinstance(missing, Rejection) and missing.reason == "NULL_LSN"
 
 
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_an_applied_truncate_deletes_every_key_with_an_earlier_event(mode: str) -> None:
+    """``truncate: apply``: the truncate at LSN 200 deletes keys 1 and 2 (events before it),
+    whatever arrives after it: key 2's late update below it still ends deleted; key 3's event
+    above it is untouched; key 1 revives by an insert above it."""
+    contract = ACCOUNTS.model_copy(update={"truncate": "apply", "delete_mode": mode})
+    decoder = DebeziumDecoder(truncate="apply")
+    flat = decoder.decode(dbz("t", None, lsn=200), contract)
+    assert isinstance(flat, dict) and flat["operation"] == "TRUNCATE"
+    truncate = validate(flat, contract)
+    assert isinstance(truncate, TruncateEvent) and truncate.lsn_number >> 64 == 200
+    assert truncate.event_id == validate(flat, contract).event_id  # redelivery: same id
+    events = [
+        validate(decoder.decode(dbz("c", account_row(1), lsn=100), contract), contract),
+        validate(decoder.decode(dbz("c", account_row(2), lsn=110), contract), contract),
+        truncate,
+        validate(decoder.decode(dbz("c", account_row(3, owner="Cy"), lsn=300), contract),
+                 contract),
+        validate(decoder.decode(dbz("u", account_row(2, owner="Late"), lsn=150), contract),
+                 contract),
+        validate(decoder.decode(dbz("c", account_row(1, owner="Again"), lsn=400), contract),
+                 contract),
+    ]  # fmt: skip
+    state = fold_changes(events, contract, mode)
+    assert state.rows[(3,)]["owner"] == "Cy" and state.rows[(3,)]["is_deleted"] is False
+    assert state.rows[(1,)]["owner"] == "Again" and state.rows[(1,)]["is_deleted"] is False
+    if mode == "soft":
+        two = state.rows[(2,)]
+        assert two["is_deleted"] is True and two["owner"] == "Late"  # updated, then truncated
+        assert two["last_event_id"] == truncate.event_id and two["last_lsn"] == truncate.lsn
+    else:
+        assert (2,) not in state.rows and state.tombstones[(2,)] == truncate.sequence
+        assert state.tombstones[(1,)] == truncate.sequence
+        assert (3,) not in state.tombstones
+    # a flat record says TRUNCATE too; without apply it is no truncate (no key: NULL_...)
+    record = {"event_id": "T1", "operation": "truncate", "event_timestamp": NOW.isoformat(),
+              "metadata": {"lsn": 5}}  # fmt: skip
+    assert isinstance(validate(record, contract), TruncateEvent)
+    rejected = validate(record, ACCOUNTS)
+    assert isinstance(rejected, Rejection) and rejected.reason == "NULL_ACCOUNT_ID"
+    no_lsn = validate({**record, "metadata": {}}, contract)
+    assert isinstance(no_lsn, Rejection) and no_lsn.reason == "NULL_LSN"
+
+
 # ----------------------------------------------------------------------------- config
 def test_a_decoding_format_needs_declared_tables(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
@@ -446,14 +490,19 @@ TABLES = [
 ]
 
 
-def write_config(root: Path, mode: str = "soft") -> CdcflowConfig:
+def write_config(root: Path, mode: str = "soft", truncate: str = "quarantine") -> CdcflowConfig:
+    """Both Debezium tables in ``mode``; ``truncate``: the accounts table's truncate policy
+    (orders: ``ignore``)."""
+    tables = [{**t, "delete_mode": mode} for t in TABLES]
+    if truncate != "quarantine":
+        tables[0]["truncate"] = truncate
     raw = {
         "pipeline": {"name": "dbz"},
         "storage": {"root": str(root / "lake")},
         "source": {"path": str(root / "landing"), "format": "debezium",
                    "max_files_per_trigger": 1},
         "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "dbz")},
-        "tables": [{**t, "delete_mode": mode} for t in TABLES],
+        "tables": tables,
     }  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     (root / "landing").mkdir(exist_ok=True)
@@ -515,25 +564,30 @@ def expected_state(config: CdcflowConfig, lines: list[str], contract: TableContr
     """The reference fold of the first valid copy of each event of ``contract``'s table."""
     router = Router(config.contracts(), "debezium")
     validator = ContractValidator(contract, NOW + timedelta(hours=1), timedelta(minutes=5))
-    first: dict[str, ChangeEvent] = {}
+    first: dict[str, ChangeEvent | TruncateEvent] = {}
     for line in lines:
         route = router.route(line.encode())
         if route.table != contract.name or route.record is None:
             continue
         event = validator.validate_object(route.record)
-        if isinstance(event, ChangeEvent):
+        if isinstance(event, ChangeEvent | TruncateEvent):
             first.setdefault(event.event_id, event)
     return fold_changes(list(first.values()), contract, contract.delete_mode).rows
 
 
-@pytest.mark.parametrize("mode", ["soft", "hard"])
-@settings(max_examples=6, deadline=None)
+@pytest.mark.parametrize(
+    ("mode", "truncate"), [("soft", "quarantine"), ("hard", "apply"), ("soft", "apply")]
+)
+@settings(max_examples=int(os.environ.get("CDCFLOW_EXAMPLES", "6")), deadline=None)
 @given(data=debezium_stream())
 def test_debezium_streams_match_the_reference_fold(
-    tmp_path_factory: pytest.TempPathFactory, mode: str, data: tuple[list[str], list[int]]
+    tmp_path_factory: pytest.TempPathFactory,
+    mode: str,
+    truncate: str,
+    data: tuple[list[str], list[int]],
 ) -> None:
     lines, cuts = data
-    config = write_config(tmp_path_factory.mktemp("dbz"), mode)
+    config = write_config(tmp_path_factory.mktemp("dbz"), mode, truncate)
     bounds = [0, *cuts, len(lines)]
     files = [lines[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     landing = Path(config.source.path)
@@ -560,6 +614,7 @@ def test_debezium_streams_match_the_reference_fold(
         "quarantine/orders_events",
         "quarantine/unrouted_events",
         "audit/skipped_records",
+        *(["audit/source_truncates"] if truncate == "apply" else []),
     ):
         seen += [(Path(r["source_file"]).name, r["source_line"]) for r in table_rows(config, name)]
     expected = [
@@ -573,7 +628,12 @@ def test_debezium_streams_match_the_reference_fold(
         return sum(1 for x in lines if '"op": "t"' in x and f'"table": "{table}"' in x)
 
     quarantined = [r["failure_reason"] for r in table_rows(config, "quarantine/accounts_events")]
-    assert quarantined.count("SOURCE_TRUNCATE") == truncates("accounts")  # truncate: quarantine
+    if truncate == "apply":
+        applied = [r["table_name"] for r in table_rows(config, "audit/source_truncates")]
+        assert applied == ["accounts"] * truncates("accounts")
+        assert "SOURCE_TRUNCATE" not in quarantined
+    else:
+        assert quarantined.count("SOURCE_TRUNCATE") == truncates("accounts")
     assert sum(r["kind"] == "truncate" for r in skipped) == truncates("orders")  # truncate: ignore
 
 

@@ -44,9 +44,11 @@ def three_tables(
     root: Path, mode: str, engine: str, max_files: int = 2, spark_conf: dict[str, str] | None = None
 ) -> CdcflowConfig:
     """A config declaring customers, accounts and order_lines in ``mode`` on ``engine``;
-    accounts evolves unknown event fields into columns (``unknown_fields: evolve``)."""
+    accounts evolves unknown event fields into columns (``unknown_fields: evolve``) and applies
+    source truncates (``truncate: apply``)."""
     tables = [{**t, "delete_mode": mode} for t in (CUSTOMERS_TABLE, *TABLES)]
     tables[1]["unknown_fields"] = "evolve"
+    tables[1]["truncate"] = "apply"
     raw = {
         "pipeline": {"name": "shop", "engine": engine},
         "storage": {"root": str(root / "lake")},
@@ -81,6 +83,8 @@ def workload(seed: int) -> list[list[str]]:
                 if rng.random() < 0.5:
                     fields["email"] = f"u{i}@x.com"
             records.append(rec("customers", f"C{i}", op, lsn, minutes_ago=30 - i % 7, **fields))
+        elif kind == 1 and i in (19, 31):  # a source truncate of accounts: every key deleted
+            records.append(rec("accounts", f"A{i}", "TRUNCATE", lsn, minutes_ago=30 - i % 5))
         elif kind == 1:
             fields = {"account_id": rng.choice([1, 2, "3", "x"])}
             if op != "DELETE":
@@ -115,6 +119,8 @@ def workload(seed: int) -> list[list[str]]:
 #: Every table a declared-tables run writes, compared engine against engine.
 def written_tables(config: CdcflowConfig) -> list[str]:
     names = ["quarantine/unrouted_events", "audit/table_batch_log"]
+    if any(contract.truncate == "apply" for contract in config.contracts()):
+        names.append("audit/source_truncates")
     for contract in config.contracts():
         t = contract.table_names
         names += [t.bronze, t.quarantine, t.silver, t.history, contract.outcomes_table]
@@ -223,15 +229,16 @@ def test_spark_killed_inside_a_batch_of_declared_tables_recovers(tmp_path: Path)
 
 def test_spark_decodes_debezium_records_as_the_local_engine(spark: Any, tmp_path: Path) -> None:
     """``source.format: debezium``: the same shuffled Debezium files (both converter flavours,
-    tombstones, truncates, TOAST placeholders, re-deliveries) through both engines give the
-    same tables, ``audit/skipped_records`` included, and each Silver the reference fold."""
+    tombstones, truncates — applied to accounts — TOAST placeholders, re-deliveries) through
+    both engines give the same tables, ``audit/skipped_records`` and ``audit/source_truncates``
+    included, and each Silver the reference fold."""
     from tests.test_formats import dbz_files, expected_state
     from tests.test_formats import write_config as debezium_config
 
     files = dbz_files(seed=5)
     configs = []
     for engine in ("local", "spark"):
-        config = debezium_config(tmp_path / engine)
+        config = debezium_config(tmp_path / engine, truncate="apply")
         raw = yaml.safe_load(Path(config.file).read_text())
         raw["pipeline"]["engine"] = engine
         raw["source"]["max_files_per_trigger"] = 2
@@ -249,9 +256,9 @@ def test_spark_decodes_debezium_records_as_the_local_engine(spark: Any, tmp_path
         t = contract.table_names
         for name in (t.bronze, t.quarantine, t.silver, t.history, contract.outcomes_table):
             assert comparable(other, name) == comparable(local, name), name
-    assert comparable(other, "quarantine/unrouted_events") == comparable(
-        local, "quarantine/unrouted_events"
-    )
+    for name in ("quarantine/unrouted_events", "audit/source_truncates"):
+        assert comparable(other, name) == comparable(local, name), name
+    assert rows(other, "audit/source_truncates"), "the workload truncates accounts"
     skipped = [
         sorted((Path(r["source_file"]).name, r["source_line"], r["kind"]) for r in rows(c, name))
         for c in (other, local)

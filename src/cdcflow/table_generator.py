@@ -46,7 +46,7 @@ from cdcflow.model.contracts import (
     normalise,
     parse_type,
 )
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent, route_name
 from cdcflow.plan.dedup import classify
 from cdcflow.plan.reference import ContractState, fold_changes
 from cdcflow.plan.rules import Rejection, parse_record
@@ -669,7 +669,9 @@ def expected_tables(
     """
     when = processing_time or datetime.now(UTC)
     validators = {c.name: ContractValidator(c, when, max_clock_skew) for c in contracts}
-    candidates: dict[str, list[tuple[int, ChangeEvent]]] = {c.name: [] for c in contracts}
+    candidates: dict[str, list[tuple[int, ChangeEvent | TruncateEvent]]] = {
+        c.name: [] for c in contracts
+    }
     outcomes = {c.name: TableOutcome(ContractState()) for c in contracts}
     unrouted: Counter[str] = Counter()
     for position, line in enumerate(lines):

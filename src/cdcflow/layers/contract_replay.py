@@ -26,7 +26,7 @@ from cdcflow.errors import TableError
 from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.schema_log import SCHEMA_LOG, recorded_contracts
 from cdcflow.model.contracts import TableContract
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent
 from cdcflow.plan.reference import fold_changes
 from cdcflow.plan.routing import Router
 from cdcflow.plan.rules import Rejection
@@ -58,7 +58,7 @@ class TableReplay:
     rejected: dict[str, int] = field(default_factory=dict)
     silver_rows: int = 0
     report: ReconcileReport | None = None
-    accepted: list[ChangeEvent] = field(default_factory=list, repr=False)
+    accepted: list[ChangeEvent | TruncateEvent] = field(default_factory=list, repr=False)
     ingested_at: dict[str, datetime] = field(default_factory=dict, repr=False)
     applied_version: int | None = None
 
@@ -109,6 +109,31 @@ def held_contracts(config: CdcflowConfig) -> list[TableContract]:
     return [recorded.get(c.name, c) for c in declared]
 
 
+def _truncate_records(config: CdcflowConfig, table: str, until: datetime | None) -> pl.DataFrame:
+    """The first copies of ``table``'s truncates in ``audit/source_truncates`` accepted no
+    later than ``until`` (Bronze's last ingestion): ``raw_payload``, ``ingested_at``."""
+    from cdcflow.engines.local.contracts import TRUNCATES
+
+    try:
+        stored = DeltaTable(
+            config.table_uri(TRUNCATES.name), storage_options=config.storage.options
+        )
+    except TableNotFoundError:
+        return pl.DataFrame(
+            schema={"raw_payload": pl.String, "ingested_at": pl.Datetime("us", "UTC")}
+        )
+    frame = pl.from_arrow(
+        stored.to_pyarrow_table(
+            columns=["table_name", "raw_payload", "ingested_at", "is_duplicate"]
+        )
+    )
+    assert isinstance(frame, pl.DataFrame)
+    keep = (pl.col("table_name") == table) & ~pl.col("is_duplicate")
+    if until is not None:
+        keep &= pl.col("ingested_at") <= until
+    return frame.filter(keep).select("raw_payload", "ingested_at")
+
+
 def replay_table(
     config: CdcflowConfig, contract: TableContract, to_version: int | None = None
 ) -> TableReplay:
@@ -133,9 +158,13 @@ def replay_table(
     validators: dict[Any, ContractValidator] = {}
     declared = next((c for c in config.contracts() if c.name == contract.name), contract)
     router = Router.of(config, [declared])  # Bronze keeps the record as delivered
-    events: list[ChangeEvent] = []
+    events: list[ChangeEvent | TruncateEvent] = []
     result = TableReplay(contract.name, bronze.version())
-    for raw, ingested_at in rows.select("raw_payload", "ingested_at").iter_rows():
+    records = rows.select("raw_payload", "ingested_at")
+    if contract.truncate == "apply":  # the table's truncates are kept beside its Bronze
+        last = read.select(pl.col("ingested_at").max()).item()
+        records = pl.concat([records, _truncate_records(config, contract.name, last)])
+    for raw, ingested_at in records.iter_rows():
         validator = validators.get(ingested_at)
         if validator is None:
             validator = validators[ingested_at] = ContractValidator(contract, ingested_at, skew)

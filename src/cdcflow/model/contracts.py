@@ -350,8 +350,11 @@ class TableContract(_Strict):
             (``flat``, ``debezium``, ``dms``: :mod:`cdcflow.sources.formats`); None = the
             source's.
         truncate: what a source TRUNCATE of the table does (Debezium ``op: t``): ``quarantine``
-            (reason ``SOURCE_TRUNCATE``, the default: nothing dropped silently) or ``ignore``
-            (skipped and counted in ``audit/skipped_records``).
+            (reason ``SOURCE_TRUNCATE``, the default: nothing dropped silently), ``ignore``
+            (skipped and counted in ``audit/skipped_records``) or ``apply``: every key with an
+            event before the truncate's sequence is deleted at that sequence (soft or hard per
+            ``delete_mode``; :mod:`cdcflow.plan.truncates`). A flat record whose operation is
+            ``TRUNCATE`` is a truncate too under ``apply``.
     """
 
     name: str = Field(pattern=_IDENTIFIER)
@@ -370,7 +373,7 @@ class TableContract(_Strict):
     derived_active: tuple[str, str] | None = None
     soft_delete_values: dict[str, str] = Field(default_factory=dict)
     format: Literal["flat", "debezium", "dms"] | None = None
-    truncate: Literal["quarantine", "ignore"] = "quarantine"
+    truncate: Literal["quarantine", "ignore", "apply"] = "quarantine"
 
     @model_validator(mode="after")
     def _consistent(self) -> TableContract:

@@ -22,11 +22,16 @@ instead of constants. A record fails with the FIRST failing reason, in this orde
    ``metadata.tx_id``; with ``unknown_fields: quarantine``, a top-level field the contract does
    not know. A DELETE's column values are ignored.
 6. ``DUPLICATE_EVENT_CONFLICT`` — decided later (:mod:`cdcflow.plan.dedup`).
+
+Under ``truncate: apply`` a record whose operation is ``TRUNCATE`` is a
+:class:`TruncateEvent` instead: no key, and only the rules of step 3 that are not about the
+operation (event id, timestamp, LSN).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -97,6 +102,46 @@ class ChangeEvent:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class TruncateEvent:
+    """One accepted source TRUNCATE of a contract's table (``truncate: apply``).
+
+    It deletes, at its sequence, every key of the table with an event before it
+    (:mod:`cdcflow.plan.truncates`); it has no key and no values.
+
+    Attributes:
+        table: the contract's name.
+        event_id: trimmed event id.
+        event_timestamp: UTC instant of the truncate.
+        lsn: the raw LSN text.
+        lsn_number: the numeric LSN.
+        content_hash: SHA-256 of the canonical record (duplicate detection).
+        timestamp_nanos: nanoseconds below the microsecond of the timestamp's text.
+        sequence: derived: the total-order sequence string (:func:`sequence_of`).
+    """
+
+    table: str
+    event_id: str
+    event_timestamp: datetime
+    lsn: str
+    lsn_number: int
+    content_hash: str
+    timestamp_nanos: int = 0
+    sequence: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "sequence",
+            sequence_of(self.lsn_number, self.event_timestamp, self.event_id, self.timestamp_nanos),
+        )
+
+
+def _is_truncate(raw_op: Any) -> bool:
+    """True for an operation field that says ``TRUNCATE`` (trimmed, any case)."""
+    return isinstance(raw_op, str) and raw_op.strip().upper() == "TRUNCATE"
+
+
 def key_reasons(column: str) -> tuple[str, str]:
     """The (null, format) reason codes of a key column: ``NULL_<COL>``, ``INVALID_<COL>_FORMAT``."""
     upper = column.upper()
@@ -154,7 +199,7 @@ class ContractValidator:
         self._known = {*ENVELOPE, *(c.field for c in contract.columns)}
         self._known.add(contract.lsn_field.split(".")[0])
 
-    def validate(self, raw: bytes | str) -> ChangeEvent | Rejection:
+    def validate(self, raw: bytes | str) -> ChangeEvent | TruncateEvent | Rejection:
         """One raw record (a non-blank line) → the typed event or the first failing reason.
 
         Never raises: an unexpected failure is a ``MALFORMED_JSON`` rejection.
@@ -194,7 +239,7 @@ class ContractValidator:
             key.append(typed)
         return tuple(key)
 
-    def validate_object(self, record: dict[str, Any]) -> ChangeEvent | Rejection:
+    def validate_object(self, record: dict[str, Any]) -> ChangeEvent | TruncateEvent | Rejection:
         """Validate a parsed JSON object; see :meth:`validate`.
 
         Never raises: a record that cannot be processed (e.g. a value nested too deep for its
@@ -205,8 +250,10 @@ class ContractValidator:
         except Exception as exc:  # a record is data, never a stream-stopping error
             return Rejection("MALFORMED_JSON", f"unprocessable record ({type(exc).__name__})")
 
-    def _validate_object(self, record: dict[str, Any]) -> ChangeEvent | Rejection:
+    def _validate_object(self, record: dict[str, Any]) -> ChangeEvent | TruncateEvent | Rejection:
         contract = self.contract
+        if contract.truncate == "apply" and _is_truncate(_path(record, contract.operation_field)):
+            return self._truncate(record)
         key = self._key(record)
         if isinstance(key, Rejection):
             return key
@@ -231,27 +278,10 @@ class ContractValidator:
                 "INVALID_OPERATION", "operation is not INSERT, UPDATE, DELETE or an alias"
             )
 
-        raw_ts = _path(record, contract.timestamp_field)
-        if _blank(raw_ts):
-            return reject("NULL_EVENT_TIMESTAMP", "event_timestamp is missing, null or blank")
-        try:
-            event_timestamp = parse_event_timestamp(raw_ts)
-        except TimestampBeyondRange:
-            return reject(
-                "FUTURE_EVENT_TIMESTAMP", f"event_timestamp is after year 9999, {self._later}"
-            )
-        except InvalidTimestamp as exc:
-            return reject("INVALID_EVENT_TIMESTAMP", str(exc))
-        if event_timestamp > self.latest:
-            return reject("FUTURE_EVENT_TIMESTAMP", f"event_timestamp is {self._later}")
-
-        raw_lsn = _path(record, contract.lsn_field)
-        if _blank(raw_lsn):
-            return reject("NULL_LSN", f"{contract.lsn_field} is missing, null or blank")
-        try:
-            lsn_number = parse_lsn(raw_lsn)
-        except LsnError as exc:
-            return reject("INVALID_LSN", f"{contract.lsn_field}: {exc}")
+        timing = self._timing(record, reject)
+        if isinstance(timing, Rejection):
+            return timing
+        raw_ts, event_timestamp, raw_lsn, lsn_number = timing
 
         values: dict[str, Any] = {}
         if operation is not Operation.DELETE:
@@ -289,6 +319,62 @@ class ContractValidator:
             operation=operation,
             event_timestamp=event_timestamp,
             values=dict(sorted(values.items(), key=lambda item: order[item[0]])),
+            lsn=raw_lsn.strip() if isinstance(raw_lsn, str) else json.dumps(raw_lsn),
+            lsn_number=lsn_number,
+            content_hash=content_hash(record),
+            timestamp_nanos=sub_microsecond_nanos(raw_ts),
+        )
+
+    def _timing(
+        self, record: dict[str, Any], reject: Callable[[str, str], Rejection]
+    ) -> tuple[Any, datetime, Any, int] | Rejection:
+        """The record's (raw timestamp, UTC timestamp, raw LSN, numeric LSN), or the first of
+        ``NULL_EVENT_TIMESTAMP``, ``INVALID_EVENT_TIMESTAMP``, ``FUTURE_EVENT_TIMESTAMP``,
+        ``NULL_LSN``, ``INVALID_LSN`` that applies."""
+        contract = self.contract
+        raw_ts = _path(record, contract.timestamp_field)
+        if _blank(raw_ts):
+            return reject("NULL_EVENT_TIMESTAMP", "event_timestamp is missing, null or blank")
+        try:
+            event_timestamp = parse_event_timestamp(raw_ts)
+        except TimestampBeyondRange:
+            return reject(
+                "FUTURE_EVENT_TIMESTAMP", f"event_timestamp is after year 9999, {self._later}"
+            )
+        except InvalidTimestamp as exc:
+            return reject("INVALID_EVENT_TIMESTAMP", str(exc))
+        if event_timestamp > self.latest:
+            return reject("FUTURE_EVENT_TIMESTAMP", f"event_timestamp is {self._later}")
+
+        raw_lsn = _path(record, contract.lsn_field)
+        if _blank(raw_lsn):
+            return reject("NULL_LSN", f"{contract.lsn_field} is missing, null or blank")
+        try:
+            lsn_number = parse_lsn(raw_lsn)
+        except LsnError as exc:
+            return reject("INVALID_LSN", f"{contract.lsn_field}: {exc}")
+        return raw_ts, event_timestamp, raw_lsn, lsn_number
+
+    def _truncate(self, record: dict[str, Any]) -> TruncateEvent | Rejection:
+        """A truncate record (``truncate: apply``): the envelope rules only — event id,
+        timestamp, LSN — since a truncate has no key and no column values."""
+        contract = self.contract
+        raw_eid = _path(record, contract.event_id_field)
+        if _blank(raw_eid) or isinstance(raw_eid, dict | list):
+            return Rejection("NULL_EVENT_ID", "event_id is missing, null or blank")
+        event_id = raw_eid.strip() if isinstance(raw_eid, str) else json.dumps(raw_eid)
+
+        def reject(reason: str, detail: str) -> Rejection:
+            return Rejection(reason, detail, event_id)
+
+        timing = self._timing(record, reject)
+        if isinstance(timing, Rejection):
+            return timing
+        raw_ts, event_timestamp, raw_lsn, lsn_number = timing
+        return TruncateEvent(
+            table=contract.name,
+            event_id=event_id,
+            event_timestamp=event_timestamp,
             lsn=raw_lsn.strip() if isinstance(raw_lsn, str) else json.dumps(raw_lsn),
             lsn_number=lsn_number,
             content_hash=content_hash(record),

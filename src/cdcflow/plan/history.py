@@ -36,7 +36,7 @@ from typing import Any
 
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import CdcEvent, Operation
-from cdcflow.plan.contract_rules import ChangeEvent
+from cdcflow.plan.contract_rules import ChangeEvent, TruncateEvent
 from cdcflow.plan.reference import (
     SILVER_COLUMNS,
     ContractState,
@@ -45,6 +45,7 @@ from cdcflow.plan.reference import (
     apply_change,
     apply_event,
 )
+from cdcflow.plan.truncates import with_truncates_applied
 
 #: Columns of ``silver/customer_history``, in table order.
 HISTORY_COLUMNS = (
@@ -139,7 +140,9 @@ def state_as_of(
 
 
 def contract_timeline(
-    events: Iterable[ChangeEvent], contract: TableContract, mode: DeleteMode = "soft"
+    events: Iterable[ChangeEvent | TruncateEvent],
+    contract: TableContract,
+    mode: DeleteMode = "soft",
 ) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
     """Expected history of a declared table: the rules of :func:`timeline`, keyed by the key
     tuple, over the contract's columns (:func:`cdcflow.plan.reference.apply_change`).
@@ -149,7 +152,9 @@ def contract_timeline(
     ``created_at``, and the event's timestamps and ``last_*``.
 
     Args:
-        events: accepted first copies (one per event_id), any order, any keys.
+        events: accepted first copies (one per event_id), any order, any keys; a truncate
+            among them is a DELETE version of every key it deletes (:mod:`cdcflow.plan.
+            truncates`).
         contract: the table's contract.
         mode: ``soft`` or ``hard``.
 
@@ -159,7 +164,7 @@ def contract_timeline(
     """
     state = ContractState()
     out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for event in sorted(events, key=lambda e: e.sequence):
+    for event in sorted(with_truncates_applied(events), key=lambda e: e.sequence):
         apply_change(state, event, contract, mode)
         if mode == "hard" and event.operation is Operation.DELETE:
             image: dict[str, Any] = dict(zip(contract.keys, event.key, strict=True))

@@ -27,7 +27,7 @@ from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import ATTRIBUTES, CdcEvent, Operation
 
 if TYPE_CHECKING:
-    from cdcflow.plan.contract_rules import ChangeEvent
+    from cdcflow.plan.contract_rules import ChangeEvent, TruncateEvent
 
 DeleteMode = Literal["soft", "hard"]
 
@@ -175,20 +175,26 @@ def apply_change(
 
 
 def fold_changes(
-    events: Iterable[ChangeEvent], contract: TableContract, mode: DeleteMode = "soft"
+    events: Iterable[ChangeEvent | TruncateEvent],
+    contract: TableContract,
+    mode: DeleteMode = "soft",
 ) -> ContractState:
     """The reference fold of any contract: the same rules as :func:`fold`, keyed by the key
     tuple, over the contract's non-key columns.
 
     Args:
-        events: accepted first copies (one per event_id) of the contract's table, any order.
+        events: accepted first copies (one per event_id) of the contract's table, any order;
+            truncates (``truncate: apply``) among them delete, at their sequence, every key
+            with an event before it (:mod:`cdcflow.plan.truncates`).
         contract: the table's contract (keys, columns, soft-delete values, derived is_active).
         mode: ``soft`` or ``hard``.
 
     Returns:
         The expected Silver rows and hard-mode tombstones.
     """
+    from cdcflow.plan.truncates import with_truncates_applied
+
     state = ContractState()
-    for event in sorted(events, key=lambda e: e.sequence):
-        apply_change(state, event, contract, mode)
+    for change in sorted(with_truncates_applied(events), key=lambda e: e.sequence):
+        apply_change(state, change, contract, mode)
     return state

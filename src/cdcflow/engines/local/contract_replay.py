@@ -39,6 +39,7 @@ from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.tables import BATCH_LOG, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.events import Operation
+from cdcflow.plan.truncates import with_truncates_applied
 from cdcflow.report import BatchReport
 from cdcflow.state.checkpoint import Checkpoint
 from cdcflow.state.faults import crash_point
@@ -144,7 +145,8 @@ def apply_tables(config: CdcflowConfig, replays: list[TableReplay]) -> int:
         for replay in replays:
             contract = contracts[replay.table]
             tables = contract_tables(contract)
-            frame = change_frame(replay.accepted, contract)
+            # a truncate is the DELETE of every key with an event before it (plan.truncates)
+            frame = change_frame(with_truncates_applied(replay.accepted), contract)
             folded = fold_events(frame, contract.delete_mode, None, contract)
             silver = folded.filter(pl.col("_cdc_seq").is_not_null())
             tombs = batch_tombstones(frame, contract=contract)
@@ -163,7 +165,7 @@ def apply_tables(config: CdcflowConfig, replays: list[TableReplay]) -> int:
             crash_point("replay_after_tombstones", replay_id)
             replay.applied_version = _overwrite(config, tables.silver, silver, props)
             crash_point("replay_after_silver", replay_id)
-            ops = [e.operation for e in replay.accepted]
+            ops = [getattr(e, "operation", None) for e in replay.accepted]
             totals.records_received += replay.events
             totals.accepted += len(replay.accepted)
             totals.quarantined += sum(replay.rejected.values())

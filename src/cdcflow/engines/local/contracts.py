@@ -68,7 +68,13 @@ from cdcflow.engines.local.delta import (
     scan_table,
     txn_done,
 )
-from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
+from cdcflow.engines.local.fold import (
+    batch_tombstones,
+    fold_events,
+    to_source_table,
+    truncate_deletes,
+    with_truncates,
+)
 from cdcflow.engines.local.history import merge_history
 from cdcflow.engines.local.merges import (
     count_outcomes,
@@ -106,11 +112,18 @@ from cdcflow.logs import get_logger
 from cdcflow.model.contracts import ColumnSpec, TableContract, is_system_column
 from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
-from cdcflow.plan.contract_rules import ENVELOPE, ChangeEvent, ContractValidator, route_name
+from cdcflow.plan.contract_rules import (
+    ENVELOPE,
+    ChangeEvent,
+    ContractValidator,
+    TruncateEvent,
+    route_name,
+)
 from cdcflow.plan.dedup import classify
 from cdcflow.plan.merge_spec import key_predicate, silver_merge_spec
 from cdcflow.plan.routing import UNKNOWN_TABLE, Router
 from cdcflow.plan.rules import Rejection
+from cdcflow.plan.truncates import TRUNCATE_COLUMNS
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import RawRecord, read_records
 from cdcflow.sources.formats import Skipped
@@ -135,6 +148,28 @@ SKIPPED = TableSpec(
             pa.field("table_name", pa.string()),
             pa.field("kind", pa.string(), nullable=False),
             pa.field("detail", pa.string()),
+        ]
+    ),
+)
+
+#: The accepted source truncates of the tables under ``truncate: apply`` (:mod:`cdcflow.plan.
+#: truncates`): one row per delivery, like Bronze (``is_duplicate`` for a redelivery).
+TRUNCATES = TableSpec(
+    "audit/source_truncates",
+    pa.schema(
+        [
+            pa.field("batch_id", pa.int64(), nullable=False),
+            pa.field("ingested_at", TS, nullable=False),
+            pa.field("table_name", pa.string(), nullable=False),
+            pa.field("source_file", pa.string(), nullable=False),
+            pa.field("source_line", pa.int64(), nullable=False),
+            pa.field("raw_payload", pa.string(), nullable=False),
+            pa.field("event_id", pa.string(), nullable=False),
+            pa.field("event_timestamp", TS, nullable=False),
+            pa.field("lsn", pa.string(), nullable=False),
+            pa.field("sequence", pa.string(), nullable=False),
+            pa.field("content_hash", pa.string(), nullable=False),
+            pa.field("is_duplicate", pa.bool_(), nullable=False),
         ]
     ),
 )
@@ -329,6 +364,102 @@ class ContractTable:
         )
         return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
 
+    def _key_history(self, keys: pl.DataFrame, batch_id: int) -> pl.DataFrame:
+        """Every first copy of ``keys`` in Bronze up to ``batch_id`` (fold input), with the
+        DELETEs of the table's truncates (:func:`cdcflow.engines.local.fold.with_truncates`)."""
+        until = (pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate")
+        events = self._read_keys(self.tables.bronze, keys, self.fold_columns, until)
+        return with_truncates(events, self._truncates, self.keys)
+
+    # ------------------------------------------------------------------ truncates
+    def _prior_truncates(self, event_ids: set[str], batch_id: int) -> dict[str, str]:
+        """event_id → content hash of the truncates earlier batches accepted (duplicates)."""
+        found = (
+            scan_table(self.store.table(TRUNCATES))
+            .filter(
+                (pl.col("table_name") == self.contract.name)
+                & (pl.col("batch_id") < batch_id)
+                & pl.col("event_id").is_in(list(event_ids))
+            )
+            .select("event_id", "content_hash")
+            .collect()
+        )
+        return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
+
+    def _append_truncates(
+        self, offsets: BatchOffsets, routed: _Routed, truncates: Sequence[Any]
+    ) -> None:
+        """The batch's truncate deliveries → ``audit/source_truncates`` (own app transaction
+        per table, before Silver: a re-run after a crash finds them)."""
+        now = offsets.processing_time
+        rows = [
+            {
+                "batch_id": offsets.batch_id,
+                "ingested_at": now,
+                "table_name": self.contract.name,
+                "source_file": routed.records[d.position].source_file,
+                "source_line": routed.records[d.position].source_line,
+                "raw_payload": (routed.records[d.position].data or b"").decode("utf-8"),
+                "event_id": d.event.event_id,
+                "event_timestamp": d.event.event_timestamp,
+                "lsn": d.event.lsn,
+                "sequence": d.event.sequence,
+                "content_hash": d.event.content_hash,
+                "is_duplicate": d.is_duplicate,
+            }
+            for d in truncates
+        ]
+        table = pa.Table.from_pylist(rows, schema=TRUNCATES.schema)
+        app_id = f"{self.app_id}-truncates-{self.contract.name}"
+        append_once(self.store.table(TRUNCATES), table, app_id, offsets.batch_id, TRUNCATES)
+        if rows:
+            log.info(
+                "source truncate applied",
+                extra={"table": self.contract.name, "truncates": len(rows)},
+            )
+
+    def _stored_truncates(self, batch_id: int) -> pl.DataFrame:
+        """The table's accepted truncates up to ``batch_id`` (first copies), or an empty frame
+        when the table does not apply truncates."""
+        if self.contract.truncate != "apply":
+            return pl.DataFrame(
+                schema={
+                    "event_id": pl.String,
+                    "event_timestamp": pl.Datetime("us", "UTC"),
+                    "lsn": pl.String,
+                    "sequence": pl.String,
+                }
+            )
+        return (
+            scan_table(self.store.table(TRUNCATES))
+            .filter(
+                (pl.col("table_name") == self.contract.name)
+                & (pl.col("batch_id") <= batch_id)
+                & ~pl.col("is_duplicate")
+            )
+            .select(*TRUNCATE_COLUMNS)
+            .collect()
+        )
+
+    def _truncated_keys(
+        self, arrived: Sequence[TruncateEvent], like: pl.DataFrame, batch_id: int
+    ) -> pl.DataFrame:
+        """The DELETEs of newly accepted truncates: every key whose first event in Bronze (up
+        to this batch) is below a truncate's sequence (one Bronze scan of the keys and
+        sequences; truncates are rare)."""
+        firsts = (
+            scan_table(self.store.table(self.tables.bronze))
+            .filter((pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate"))
+            .group_by(self.keys)
+            .agg(pl.col("sequence").min().alias("_first"))
+            .collect()
+        )
+        frame = pl.DataFrame(
+            {name: [getattr(t, name) for t in arrived] for name in TRUNCATE_COLUMNS},
+            schema={name: self._truncates.schema[name] for name in TRUNCATE_COLUMNS},
+        )
+        return truncate_deletes(firsts, frame, like, self.keys)
+
     # ------------------------------------------------------------------ batch
     def run(
         self, offsets: BatchOffsets, routed: _Routed, report: TableReport, totals: BatchReport
@@ -348,7 +479,7 @@ class ContractTable:
         validator = ContractValidator(
             self.contract, offsets.processing_time, self.config.processing.max_clock_skew
         )
-        candidates: list[tuple[int, ChangeEvent]] = []
+        candidates: list[tuple[int, ChangeEvent | TruncateEvent]] = []
         rejected: list[tuple[int, Rejection]] = []
         for position, obj in enumerate(routed.objects):
             undecoded = routed.rejections.get(position)
@@ -357,14 +488,19 @@ class ContractTable:
                 rejected.append((position, result))
             else:
                 candidates.append((position, result))
-        prior = self._prior_hashes({e.event_id for _, e in candidates}, batch_id)
-        deliveries, conflicts = classify(candidates, prior)  # type: ignore[arg-type]
+        ids = {e.event_id for _, e in candidates}
+        prior = self._prior_hashes(ids, batch_id)
+        if self.contract.truncate == "apply":  # a truncate's copies are kept beside Bronze
+            prior.update(self._prior_truncates(ids, batch_id))
+        classified, conflicts = classify(candidates, prior)  # type: ignore[arg-type]
+        truncates = [d for d in classified if isinstance(d.event, TruncateEvent)]
+        deliveries = [d for d in classified if not isinstance(d.event, TruncateEvent)]
         rejected = sorted([*rejected, *conflicts], key=lambda item: item[0])
 
         report.records_received = len(routed.records)
-        report.accepted = len(deliveries)
+        report.accepted = len(deliveries) + len(truncates)
         report.quarantined = len(rejected)
-        report.duplicates = sum(d.is_duplicate for d in deliveries)
+        report.duplicates = sum(d.is_duplicate for d in [*deliveries, *truncates])
         firsts: list[ChangeEvent] = [d.event for d in deliveries if not d.is_duplicate]  # type: ignore[misc]
         report.inserts = sum(e.operation is Operation.INSERT for e in firsts)
         report.updates = sum(e.operation is Operation.UPDATE for e in firsts)
@@ -380,13 +516,23 @@ class ContractTable:
         append_once(self.store.table(spec), quarantine, self.app_id, batch_id, spec)
         crash_point("after_quarantine", batch_id)
 
+        if self.contract.truncate == "apply":
+            self._append_truncates(offsets, routed, truncates)
+        self._truncates = self._stored_truncates(batch_id)
+
         targets = self._empty(self.tables.silver, [*self.keys, "_cdc_seq", "_cdc_min_seq"])
         tombstones = self._empty(self.tables.tombstones, [*self.keys, "_cdc_seq"])
-        if firsts:  # the fold input: this batch's first copies, as Bronze holds them
-            events = pl.from_arrow(
-                bronze.filter(pc.invert(bronze["is_duplicate"])).select(self.fold_columns)
-            )
-            assert isinstance(events, pl.DataFrame)
+        # the fold input: this batch's first copies, as Bronze holds them, and the DELETEs of
+        # the table's truncates (plan.truncates): a new truncate's keys, and late events' keys
+        events = pl.from_arrow(
+            bronze.filter(pc.invert(bronze["is_duplicate"])).select(self.fold_columns)
+        )
+        assert isinstance(events, pl.DataFrame)
+        arrived: list[Any] = [d.event for d in truncates if not d.is_duplicate]
+        if arrived:
+            events = pl.concat([events, self._truncated_keys(arrived, events, batch_id)])
+        events = with_truncates(events, self._truncates, self.keys)
+        if events.height:
             keys = events.select(self.keys).unique()
             targets = self._read_keys(self.tables.silver, keys, targets.columns, None)
             if self.contract.delete_mode == "hard":
@@ -399,7 +545,7 @@ class ContractTable:
             self._merge_history(events, batch_id)
             crash_point("after_history", batch_id)
         report.silver_version = self.store.table(self.tables.silver).version()
-        self._write_outcomes(offsets, bronze, targets, tombstones, totals)
+        self._write_outcomes(offsets, bronze, targets, tombstones, totals, events)
         crash_point("after_outcomes", batch_id)
 
     def _empty(self, spec: TableSpec, names: list[str]) -> pl.DataFrame:
@@ -414,9 +560,11 @@ class ContractTable:
         targets: pl.DataFrame,
         tombstones: pl.DataFrame,
         totals: BatchReport,
+        changes: pl.DataFrame,
     ) -> None:
         """The outcome of each accepted delivery (:func:`cdcflow.engines.local.merges.
-        event_outcomes`) appended to the table's outcomes table; counted into ``totals``."""
+        event_outcomes`; ``changes``: the batch's fold input, truncate DELETEs included)
+        appended to the table's outcomes table; counted into ``totals``."""
         spec = self.tables.outcomes
         frame = pl.from_arrow(
             bronze.select(
@@ -443,7 +591,12 @@ class ContractTable:
         )
         late_after = self.config.processing.late_event_threshold.total_seconds()
         outcomes = event_outcomes(
-            frame, self.keys, targets.rename({"_cdc_seq": "_t_seq"}), tombstones, late_after
+            frame,
+            self.keys,
+            targets.rename({"_cdc_seq": "_t_seq"}),
+            tombstones,
+            late_after,
+            changes.select(*self.keys, "sequence"),
         )
         count_outcomes(outcomes, totals)
         table = outcomes.select(spec.schema.names).to_arrow().cast(spec.schema)
@@ -453,10 +606,9 @@ class ContractTable:
         """The SCD2 history of the keys the batch touched, recomputed from Bronze (one MERGE;
         :mod:`cdcflow.engines.local.history`)."""
         keys = events.select(self.keys).unique()
-        until = (pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate")
         merge_history(
             self.store.table(self.tables.history),
-            lambda late: self._read_keys(self.tables.bronze, late, self.fold_columns, until),
+            lambda late: self._key_history(late, batch_id),
             keys,
             self.contract.delete_mode,
             self.app_id,
@@ -493,12 +645,7 @@ class ContractTable:
                 .select(self.keys)
             )
             if split.height:
-                history = self._read_keys(
-                    self.tables.bronze,
-                    split,
-                    self.fold_columns,
-                    (pl.col("batch_id") <= batch_id) & ~pl.col("is_duplicate"),
-                )
+                history = self._key_history(split, batch_id)
                 exact = fold_events(history, "hard", None, self.contract)
                 source = pl.concat(
                     [source.join(split, on=self.keys, how="anti"), exact], how="vertical"
@@ -633,6 +780,9 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     )
     if decodes:  # a decoding format: its skipped records are counted
         specs.append(SKIPPED)
+    truncating = any(c.truncate == "apply" for c in contracts)
+    if truncating:
+        specs.append(TRUNCATES)
     for contract in contracts:
         specs += list(vars(contract_tables(contract)).values())
     paths = [spec.name for spec in specs]
@@ -650,7 +800,8 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     for contract in contracts:
         for spec in vars(contract_tables(contract)).values():
             store.ensure(spec)
-    for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, *([SKIPPED] if decodes else [])):
+    optional = [*([SKIPPED] if decodes else []), *([TRUNCATES] if truncating else [])]
+    for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, *optional):
         store.ensure(spec)
     return store, contracts, evolve_tables(store, evolutions)
 
@@ -896,6 +1047,7 @@ class LocalContractsEngine:
 __all__ = [
     "SKIPPED",
     "TABLE_BATCH_LOG",
+    "TRUNCATES",
     "UNKNOWN_TABLE",
     "UNROUTED",
     "ContractTable",

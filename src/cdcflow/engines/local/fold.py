@@ -29,6 +29,7 @@ import pyarrow as pa
 from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.tables import TS, register
 from cdcflow.model.contracts import CUSTOMERS, TableContract
+from cdcflow.plan.truncates import TRUNCATE_COLUMNS
 
 if TYPE_CHECKING:
     from cdcflow.plan.contract_rules import ChangeEvent
@@ -145,6 +146,59 @@ def fold_events(
     # keys whose every event fell below the tombstone keep a tombstone-only row
     out = keys.join(folded, on=key, how="left")
     return out.select(source_schema(contract).names)
+
+
+def truncate_deletes(
+    firsts: pl.DataFrame, truncates: pl.DataFrame, like: pl.DataFrame, keys: Sequence[str]
+) -> pl.DataFrame:
+    """The DELETEs that truncates apply (:mod:`cdcflow.plan.truncates`): one row per key of
+    ``firsts`` and truncate whose sequence is above the key's ``_first``.
+
+    Args:
+        firsts: one row per key: the key columns and ``_first`` (its lowest sequence).
+        truncates: one row per accepted truncate: ``event_id``, ``event_timestamp``, ``lsn``,
+            ``sequence``.
+        like: a fold-input frame whose columns and types the result takes (no values, present
+            mask 0, operation ``DELETE``).
+        keys: the key columns.
+
+    Returns:
+        Fold-input rows (``like``'s columns and types).
+    """
+    if firsts.height == 0 or truncates.height == 0:
+        return like.clear()
+    pairs = firsts.join(truncates.select(*TRUNCATE_COLUMNS), how="cross").filter(
+        pl.col("sequence") > pl.col("_first")
+    )
+    constant = {"operation": "DELETE", "present_mask": 0}  # every other column: null
+
+    def column(name: str, dtype: pl.DataType) -> pl.Expr:
+        if name in keys or name in TRUNCATE_COLUMNS:
+            return pl.col(name).cast(dtype)
+        return pl.lit(constant.get(name)).cast(dtype).alias(name)
+
+    return pairs.select([column(name, dtype) for name, dtype in like.schema.items()])
+
+
+def with_truncates(
+    events: pl.DataFrame, truncates: pl.DataFrame, keys: Sequence[str]
+) -> pl.DataFrame:
+    """``events`` plus the DELETE of every truncate above each key's lowest sequence in them
+    (:func:`cdcflow.plan.truncates.expand_changes`, in columns); one row per key and event id.
+
+    Args:
+        events: fold input (see module doc).
+        truncates: the table's accepted truncates (``event_id``, ``event_timestamp``, ``lsn``,
+            ``sequence``); an empty frame returns ``events`` unchanged.
+        keys: the key columns.
+    """
+    if truncates.height == 0 or events.height == 0:
+        return events
+    firsts = events.group_by(list(keys)).agg(pl.col("sequence").min().alias("_first"))
+    added = truncate_deletes(firsts, truncates, events, keys)
+    return pl.concat([events, added], how="vertical").unique(
+        [*keys, "event_id"], keep="first", maintain_order=True
+    )
 
 
 def to_source_table(frame: pl.DataFrame, contract: TableContract = CUSTOMERS) -> pa.Table:

@@ -115,11 +115,13 @@ def event_outcomes(
     targets: pl.DataFrame,
     tombstones: pl.DataFrame,
     late_after_s: float,
+    changes: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """What became of each accepted delivery of a micro-batch (``audit/event_outcomes``).
 
     The first rule that holds: ``DUPLICATE`` (a re-delivery), ``SUPERSEDED_IN_BATCH`` (a
-    higher sequence of the key in the same batch), ``TOMBSTONED`` (below the key's stored
+    higher sequence of the key among the batch's changes — with ``truncate: apply``, the
+    DELETEs of truncates folded with them too), ``TOMBSTONED`` (below the key's stored
     hard-mode tombstone), ``STALE`` (below the sequence Silver holds), else ``APPLIED``. The
     batch's own Silver and tombstone commits do not change the answer (they only raise the
     stored sequences to the batch's maximum, which the earlier rules already cover), so a
@@ -133,15 +135,16 @@ def event_outcomes(
         targets: the key columns and ``_t_seq`` (Silver's ``_cdc_seq``) of the touched keys.
         tombstones: the key columns and ``_cdc_seq`` of the touched keys' stored tombstones.
         late_after_s: ``processing.late_event_threshold`` in seconds (``is_late``: above it).
+        changes: the key columns and ``sequence`` of the changes the batch folded (its first
+            copies and the DELETEs of truncates, :mod:`cdcflow.plan.truncates`); None: the
+            deliveries that are not duplicates.
 
     Returns:
         ``deliveries`` with ``outcome`` and ``is_late``.
     """
-    batch_max = (
-        deliveries.filter(~pl.col("is_duplicate"))
-        .group_by(keys)
-        .agg(pl.col("sequence").max().alias("_b_max"))
-    )
+    if changes is None:
+        changes = deliveries.filter(~pl.col("is_duplicate"))
+    batch_max = changes.group_by(keys).agg(pl.col("sequence").max().alias("_b_max"))
     prior = tombstones.select(*keys, pl.col("_cdc_seq").alias("_t_tomb"))
     frame = (
         deliveries.join(batch_max, on=keys, how="left")

@@ -47,6 +47,7 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.contracts import (
     SKIPPED,
     TABLE_BATCH_LOG,
+    TRUNCATES,
     UNKNOWN_TABLE,
     UNROUTED,
     TableReport,
@@ -64,16 +65,18 @@ from cdcflow.engines.spark.engine import (
     outcome_frame,
     quarantine_frame,
 )
+from cdcflow.engines.spark.fold import with_truncates
 from cdcflow.layers.contract_tables import ContractTables, contract_tables, fold_columns
 from cdcflow.layers.schema_log import infer_type
 from cdcflow.layers.tables import BATCH_LOG, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.lsn import LSN_KEY_WIDTH
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
+from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent, route_name
 from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
 from cdcflow.plan.routing import Route, Router
 from cdcflow.plan.rules import Rejection, parse_record
+from cdcflow.plan.truncates import TRUNCATE_COLUMNS
 from cdcflow.report import BatchReport
 from cdcflow.sources.files import content_lines
 from cdcflow.sources.formats import Skipped
@@ -308,6 +311,29 @@ def record_schema(contract: TableContract) -> pa.Schema:
     )
 
 
+def _truncate_row(
+    cols: dict[str, list[Any]], truncate: TruncateEvent, contract: TableContract, names: list[str]
+) -> None:
+    """A truncate's :func:`record_schema` row: accepted, operation ``TRUNCATE``, the key and
+    column values null, present mask 0."""
+    values = {
+        "ok": True,
+        "event_id": truncate.event_id,
+        "operation": "TRUNCATE",
+        "event_timestamp": truncate.event_timestamp,
+        "present_mask": 0,
+        "source_table": contract.name,
+        "lsn": truncate.lsn,
+        "lsn_key": truncate.sequence[:LSN_KEY_WIDTH],
+        "sequence": truncate.sequence,
+        "content_hash": truncate.content_hash,
+    }
+    start = names.index("ok")
+    for name in names[start:]:
+        if not name.startswith("_q_"):
+            cols[name].append(values.get(name))
+
+
 def validate_lines(
     batches: Iterator[pa.RecordBatch],
     contract: TableContract,
@@ -328,7 +354,7 @@ def validate_lines(
         for row in batch.select(LINE_COLUMNS).to_pylist():
             for name in LINE_COLUMNS:
                 cols[name].append(row[name])
-            result: ChangeEvent | Rejection
+            result: ChangeEvent | TruncateEvent | Rejection
             if router is not None and router.decodes:
                 decoded = router.decode_raw(contract.name, row["raw"])
                 assert not isinstance(decoded, Skipped)  # skipped lines are not routed
@@ -351,6 +377,9 @@ def validate_lines(
                 for name in schema.names[schema.names.index("event_id") + 1 :]:
                     if not name.startswith("_q_"):
                         cols[name].append(None)
+                continue
+            if isinstance(result, TruncateEvent):  # truncate: apply (no key, no values)
+                _truncate_row(cols, result, contract, schema.names)
                 continue
             event: ChangeEvent = result
             cols["ok"].append(True)
@@ -392,6 +421,8 @@ class SparkContractsEngine(SparkEngine):
         #: the contract changes this run recorded (``table <name>: <change>``), for the CLI
         self.schema_changes: list[str] = changes
         self._modes = ",".join(sorted({c.delete_mode for c in self.contracts}))
+        #: the table being written's accepted truncates (truncate: apply), None when none
+        self._truncates: DataFrame | None = None
         # the declared contracts: a decoded value never depends on a column evolved later
         self.router = Router.of(config)
         self._start(config)
@@ -639,12 +670,15 @@ class SparkContractsEngine(SparkEngine):
             for spec in vars(contract_tables(contract)).values():
                 self._schemas.pop(spec.name, None)  # its Delta schema changed
 
-    def _append_rows(self, rows: list[dict[str, Any]], spec: TableSpec, batch_id: int) -> None:
-        """Append driver-side rows (audit tables) under the app transaction."""
-        if not rows or self._txn(spec, batch_id):
+    def _append_rows(
+        self, rows: list[dict[str, Any]], spec: TableSpec, batch_id: int, app_id: str | None = None
+    ) -> None:
+        """Append driver-side rows (audit tables) under the app transaction (``app_id``:
+        another than the pipeline's)."""
+        if not rows or self._txn(spec, batch_id, app_id):
             return
         table = pa.Table.from_pylist(rows, schema=spec.schema)
-        self._append(self.spark.createDataFrame(table), spec, batch_id)
+        self._append(self.spark.createDataFrame(table), spec, batch_id, app_id)
 
     def _run_table(
         self,
@@ -678,6 +712,14 @@ class SparkContractsEngine(SparkEngine):
         self._cached.append(records)
         # Bronze as before this batch's append (a recomputed cache must not see its own rows)
         before = self._read(tables.bronze, self.store.table(tables.bronze).version())
+        applies = contract.truncate == "apply"
+        if applies:  # a truncate's earlier copies are kept beside Bronze
+            prior = self._read(TRUNCATES, self.store.table(TRUNCATES).version()).filter(
+                F.col("table_name") == contract.name
+            )
+            before = before.select("batch_id", "event_id", "content_hash").unionByName(
+                prior.select("batch_id", "event_id", "content_hash")
+            )
         classified = classify(records.filter("ok"), before, batch_id).persist(
             StorageLevel.MEMORY_AND_DISK
         )
@@ -686,7 +728,8 @@ class SparkContractsEngine(SparkEngine):
 
         pt = F.lit(offsets.processing_time).cast("timestamp")
         bronze_names = tables.bronze.schema.names
-        bronze = classified.filter(F.col("_class") != "conflict").select(
+        is_truncate = F.col("operation") == "TRUNCATE"
+        bronze = classified.filter((F.col("_class") != "conflict") & ~is_truncate).select(
             F.lit(batch_id).alias("batch_id"),
             pt.alias("ingested_at"),
             F.lit(offsets.processing_time.date()).alias("ingestion_date"),
@@ -717,9 +760,22 @@ class SparkContractsEngine(SparkEngine):
             self._append(quarantine, tables.quarantine, batch_id)
         crash_point("after_quarantine", batch_id)
 
+        self._truncates = None
+        arrived: list[Any] = []
+        if applies:
+            arrived = self._table_truncates(contract, classified, offsets)
         firsts = report.accepted - report.duplicates
+        changes: DataFrame | None = None  # the batch's fold input (truncate DELETEs included)
         if firsts:
-            events = classified.filter(F.col("_class") == "first").select(*fold_columns(contract))
+            events = classified.filter((F.col("_class") == "first") & ~is_truncate).select(
+                *fold_columns(contract)
+            )
+            if arrived:  # a new truncate: every key with an event before it (plan.truncates)
+                events = events.unionByName(
+                    self._truncated_keys(contract, tables, arrived, events, batch_id)
+                )
+            events = with_truncates(events, self._truncates, list(contract.keys))
+            changes = events.select(*contract.keys, "sequence")
             keys = events.select(*contract.keys).distinct()
             self._table_silver(contract, tables, events, keys, batch_id)
             crash_point("after_silver_merge", batch_id)
@@ -730,8 +786,81 @@ class SparkContractsEngine(SparkEngine):
             crash_point("after_history", batch_id)
         report.silver_version = self.store.table(tables.silver).version()
         if report.accepted:
-            self._table_outcomes(contract, tables, bronze, offsets, totals)
+            self._table_outcomes(contract, tables, bronze, offsets, totals, changes)
         crash_point("after_outcomes", batch_id)
+
+    def _table_truncates(
+        self, contract: TableContract, classified: DataFrame, offsets: BatchOffsets
+    ) -> list[Any]:
+        """``truncate: apply``: append the batch's truncate deliveries to
+        ``audit/source_truncates`` (own app transaction per table), keep the table's accepted
+        truncates in ``self._truncates`` (None when it has none) and return the rows of the
+        batch's new ones (``event_id``, ``event_timestamp``, ``lsn``, ``sequence``)."""
+        from pyspark.sql import functions as F
+
+        batch_id = offsets.batch_id
+        delivered = (
+            classified.filter((F.col("operation") == "TRUNCATE") & (F.col("_class") != "conflict"))
+            .select(
+                "source_file",
+                "source_line",
+                "raw",
+                *TRUNCATE_COLUMNS,
+                "content_hash",
+                (F.col("_class") == "duplicate").alias("is_duplicate"),
+            )
+            .collect()  # truncates are rare: a few rows
+        )
+        rows = [
+            {
+                "batch_id": batch_id,
+                "ingested_at": offsets.processing_time,
+                "table_name": contract.name,
+                "raw_payload": row["raw"],
+                **{name: row[name] for name in row.asDict() if name != "raw"},
+            }
+            for row in delivered
+        ]
+        self._append_rows(rows, TRUNCATES, batch_id, f"{self.app_id}-truncates-{contract.name}")
+        stored = self._read(TRUNCATES).filter(
+            (F.col("table_name") == contract.name)
+            & (F.col("batch_id") <= batch_id)
+            & ~F.col("is_duplicate")
+        )
+        kept = stored.select(*TRUNCATE_COLUMNS).collect()
+        if kept:
+            self._truncates = self.spark.createDataFrame(
+                kept, stored.select(*TRUNCATE_COLUMNS).schema
+            )
+        return [row for row in delivered if not row["is_duplicate"]]
+
+    def _truncated_keys(
+        self,
+        contract: TableContract,
+        tables: ContractTables,
+        arrived: list[Any],
+        like: DataFrame,
+        batch_id: int,
+    ) -> DataFrame:
+        """The DELETEs of newly accepted truncates: every key whose first event in Bronze (up
+        to this batch) is below a truncate's sequence."""
+        from pyspark.sql import functions as F
+
+        from cdcflow.engines.spark.fold import truncate_deletes
+
+        key = list(contract.keys)
+        firsts = (
+            self._read(tables.bronze)
+            .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
+            .groupBy(*key)
+            .agg(F.min("sequence").alias("_first"))
+        )
+        assert self._truncates is not None  # the arrived ones are stored
+        schema = self._truncates.schema
+        frame = self.spark.createDataFrame(
+            [tuple(row[name] for name in TRUNCATE_COLUMNS) for row in arrived], schema
+        )
+        return truncate_deletes(firsts, frame, like, key)
 
     def _table_outcomes(
         self,
@@ -740,10 +869,12 @@ class SparkContractsEngine(SparkEngine):
         bronze: DataFrame,
         offsets: BatchOffsets,
         totals: BatchReport,
+        changes: DataFrame | None,
     ) -> None:
         """The outcome of each accepted delivery (:func:`cdcflow.engines.spark.engine.
-        outcome_frame`; Silver and the tombstones read as they are now: the batch's own commits
-        do not change an outcome), appended to the table's outcomes table and counted into
+        outcome_frame`; ``changes``: the batch's fold input, truncate DELETEs included; Silver
+        and the tombstones read as they are now: the batch's own commits do not change an
+        outcome), appended to the table's outcomes table and counted into
         ``totals``."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
@@ -761,6 +892,7 @@ class SparkContractsEngine(SparkEngine):
             offsets.processing_time,
             self.config.processing.late_event_threshold.total_seconds(),
             tables.outcomes.schema.names,
+            changes,
         ).persist(StorageLevel.MEMORY_AND_DISK)
         self._cached.append(outcomes)
         count_outcomes(outcomes, totals)
@@ -809,11 +941,13 @@ class SparkContractsEngine(SparkEngine):
                 .select(*key)
             )
             if not split.isEmpty():  # rare: one small job to find out
-                history = (
+                history = with_truncates(
                     self._read(tables.bronze)
                     .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
                     .join(split, key, "left_semi")
-                    .select(*events.columns)
+                    .select(*events.columns),
+                    self._truncates,
+                    key,
                 )
                 exact = fold_events(history, "hard", None, contract)
                 source = source.join(split, key, "left_anti").unionByName(exact)
@@ -901,11 +1035,13 @@ class SparkContractsEngine(SparkEngine):
         )
 
         key = list(contract.keys)
-        events = (
+        events = with_truncates(
             self._read(tables.bronze)
             .filter((F.col("batch_id") <= batch_id) & ~F.col("is_duplicate"))
             .join(keys, key, "left_semi")
-            .select(*fold_columns(contract))
+            .select(*fold_columns(contract)),
+            self._truncates,
+            key,
         )
         stored = self._read(spec, self.store.table(spec).version()).join(keys, key, "left_semi")
         fresh = history_frame(events, contract.delete_mode, contract)

@@ -287,8 +287,10 @@ class SparkEngine:
     def _txn(self, spec: TableSpec, batch_id: int, app_id: str | None = None) -> bool:
         return txn_done(self.store.table(spec), app_id or self.app_id, batch_id)
 
-    def _append(self, frame: DataFrame, spec: TableSpec, batch_id: int) -> None:
-        if self._txn(spec, batch_id):
+    def _append(
+        self, frame: DataFrame, spec: TableSpec, batch_id: int, app_id: str | None = None
+    ) -> None:
+        if self._txn(spec, batch_id, app_id):
             return
         from pyspark.sql import functions as F
 
@@ -301,7 +303,7 @@ class SparkEngine:
             frame.select(*cols)
             .write.format("delta")
             .mode("append")
-            .option("txnAppId", self.app_id)
+            .option("txnAppId", app_id or self.app_id)
             .option("txnVersion", batch_id)
             .save(self.config.table_uri(spec.name))
         )
@@ -872,6 +874,7 @@ def outcome_frame(
     processing_time: datetime,
     late_after_s: float,
     columns: list[str],
+    changes: DataFrame | None = None,
 ) -> DataFrame:
     """What became of each accepted delivery of a micro-batch: the rules of
     :func:`cdcflow.engines.local.merges.event_outcomes` (``DUPLICATE``,
@@ -887,6 +890,9 @@ def outcome_frame(
         processing_time: the batch's processing time (``lag_s`` = it − event time, seconds).
         late_after_s: ``processing.late_event_threshold`` in seconds (``is_late``: above it).
         columns: the outcomes table's columns, in order.
+        changes: the key columns and ``sequence`` of the changes the batch folded (its first
+            copies and the DELETEs of truncates); None: the Bronze rows that are not
+            duplicates.
 
     Returns:
         One row per delivery with ``columns`` (``outcome``, ``lag_s``, ``is_late`` among them).
@@ -894,9 +900,9 @@ def outcome_frame(
     from pyspark.sql import functions as F
 
     pt = F.lit(processing_time).cast("timestamp")
-    batch_max = (
-        bronze.filter(~F.col("is_duplicate")).groupBy(*keys).agg(F.max("sequence").alias("_b_max"))
-    )
+    if changes is None:
+        changes = bronze.filter(~F.col("is_duplicate"))
+    batch_max = changes.groupBy(*keys).agg(F.max("sequence").alias("_b_max"))
     frame = bronze.join(batch_max, keys, "left").join(targets, keys, "left")
     tomb = F.lit("")
     if tombstones is not None:

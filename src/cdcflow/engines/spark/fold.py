@@ -135,3 +135,52 @@ def fold_events(
     derived.append(F.when(is_deleted, F.col("last_updated_at")).alias("deleted_at"))
     folded = folded.select("*", *derived)
     return keys.join(folded, key, "left").select(*source_columns(contract))
+
+
+def truncate_deletes(
+    firsts: DataFrame, truncates: DataFrame, like: DataFrame, keys: list[str]
+) -> DataFrame:
+    """The DELETEs that truncates apply (:mod:`cdcflow.plan.truncates`; the local engine's
+    :func:`cdcflow.engines.local.fold.truncate_deletes`): one row per key of ``firsts`` and
+    truncate whose sequence is above the key's ``_first``.
+
+    Args:
+        firsts: one row per key: the key columns and ``_first`` (its lowest sequence).
+        truncates: one row per accepted truncate: ``event_id``, ``event_timestamp``, ``lsn``,
+            ``sequence`` (a few rows: broadcast).
+        like: a fold-input frame whose columns and types the result takes (no values, present
+            mask 0, operation ``DELETE``).
+        keys: the key columns.
+    """
+    from pyspark.sql import functions as F
+
+    from cdcflow.plan.truncates import TRUNCATE_COLUMNS
+
+    pairs = firsts.crossJoin(F.broadcast(truncates.select(*TRUNCATE_COLUMNS))).filter(
+        F.col("sequence") > F.col("_first")
+    )
+    constant = {"operation": "DELETE", "present_mask": 0}  # every other column: null
+    columns = [
+        (
+            F.col(f.name)
+            if f.name in keys or f.name in TRUNCATE_COLUMNS
+            else F.lit(constant.get(f.name))
+        )
+        .cast(f.dataType)
+        .alias(f.name)
+        for f in like.schema.fields
+    ]
+    return pairs.select(*columns)
+
+
+def with_truncates(events: DataFrame, truncates: DataFrame | None, keys: list[str]) -> DataFrame:
+    """``events`` plus the DELETE of every truncate above each key's lowest sequence in them
+    (:func:`cdcflow.plan.truncates.expand_changes`); one row per key and event id. ``None``
+    (the table applies no truncates, or has none) returns ``events``."""
+    if truncates is None:
+        return events
+    from pyspark.sql import functions as F
+
+    firsts = events.groupBy(*keys).agg(F.min("sequence").alias("_first"))
+    added = truncate_deletes(firsts, truncates, events, keys)
+    return events.unionByName(added).dropDuplicates([*keys, "event_id"])

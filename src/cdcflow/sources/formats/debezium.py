@@ -8,10 +8,11 @@ change events", "Data type mappings", "Custom converters") and Kafka Connect's J
   ``op``, ``before``, ``after``, ``source``, ``ts_ms`` (and ``transaction`` when enabled).
 * **Operations.** ``c`` → INSERT, ``r`` (snapshot read) → INSERT, ``u`` → UPDATE, ``d`` →
   DELETE, ``t`` → the table's truncate policy (``ignore``: skipped and counted;
-  ``quarantine``: reason ``SOURCE_TRUNCATE``), ``m`` (a logical decoding message) → skipped as
-  ``control``. Any other ``op`` is ``INVALID_OPERATION``. A null value (the Kafka tombstone
-  Debezium writes after a delete, or ``{"schema": null, "payload": null}``) is skipped as
-  ``tombstone``, never quarantined.
+  ``quarantine``: reason ``SOURCE_TRUNCATE``; ``apply``: a flat record with operation
+  ``TRUNCATE``, its position's LSN and event id ``dbz-<connector>-<position>-t``), ``m`` (a
+  logical decoding message) → skipped as ``control``. Any other ``op`` is
+  ``INVALID_OPERATION``. A null value (the Kafka tombstone Debezium writes after a delete, or
+  ``{"schema": null, "payload": null}``) is skipped as ``tombstone``, never quarantined.
 * **Row.** From ``after`` (``c``, ``r``, ``u``); a ``d`` carries only the key columns, read
   from ``before``. Every other column of ``after`` is a field of the flat record under its
   source name (the contract's ``source`` / column name). A value equal to Debezium's
@@ -330,8 +331,8 @@ class DebeziumDecoder:
     """Decodes Debezium change-event values (module doc).
 
     Args:
-        truncate: the table's truncate policy: ``ignore`` (skipped, counted) or
-            ``quarantine`` (reason ``SOURCE_TRUNCATE``).
+        truncate: the table's truncate policy: ``ignore`` (skipped, counted),
+            ``quarantine`` (reason ``SOURCE_TRUNCATE``) or ``apply`` (a table-wide delete).
     """
 
     name = "debezium"
@@ -366,6 +367,8 @@ class DebeziumDecoder:
         if op == "t":
             if self.truncate == "ignore":
                 return Skipped("truncate", "a source TRUNCATE (truncate: ignore)")
+            if self.truncate == "apply":
+                return self._truncate(payload, source, contract)
             return Rejection(
                 SOURCE_TRUNCATE,
                 "a source TRUNCATE removed every row of the table (truncate: quarantine); not "
@@ -423,6 +426,34 @@ class DebeziumDecoder:
         if isinstance(metadata, dict):
             metadata.setdefault("source_table", f"{schema_name}.{source.get('table')}")
             metadata.setdefault("tx_id", None if tx_id is None else str(tx_id))
+            metadata.setdefault("connector", connector)
+            metadata.setdefault("position", position_text)
+        return flat
+
+    def _truncate(
+        self, payload: dict[str, Any], source: dict[str, Any], contract: TableContract
+    ) -> Decoded:
+        """A truncate under ``truncate: apply``: the flat record of a table-wide delete —
+        event id, operation ``TRUNCATE``, timestamp and LSN, no key (the validator turns it
+        into a :class:`cdcflow.plan.contract_rules.TruncateEvent`)."""
+        try:
+            found = position(source)
+        except _BadPosition as exc:
+            return Rejection("INVALID_LSN", str(exc))
+        connector = str(source["connector"])
+        position_text = found[0] if found else "none"
+        flat: dict[str, Any] = {}
+        put_path(flat, contract.event_id_field, f"dbz-{connector}-{position_text}-t")
+        put_path(flat, contract.operation_field, "TRUNCATE")
+        timestamp = _timestamp(source)
+        if timestamp is not None:
+            put_path(flat, contract.timestamp_field, timestamp)
+        if found is not None:
+            put_path(flat, contract.lsn_field, str(found[1]))
+        metadata = flat.setdefault("metadata", {})
+        if isinstance(metadata, dict):
+            schema_name = source.get("schema") or source.get("db") or ""
+            metadata.setdefault("source_table", f"{schema_name}.{source.get('table')}")
             metadata.setdefault("connector", connector)
             metadata.setdefault("position", position_text)
         return flat
