@@ -522,6 +522,32 @@ def stream(draw: st.DrawFn) -> tuple[list[str], list[int]]:
     return shuffled, cuts
 
 
+def test_a_deleted_row_s_version_closes_at_the_next_version_in_sequence_order(
+    tmp_path: Path,
+) -> None:
+    """Hard mode: a key whose stored current version is a DELETE gets two new events in a
+    later micro-batch, the higher sequence with the earlier event time: the DELETE version's
+    ``valid_to`` is the ``valid_from`` of the next version by sequence (the reference
+    timeline), not the earliest event time of the batch (a bug found by the engines'
+    conformance test)."""
+    config = write_config(tmp_path, mode="hard")
+    batch0 = [
+        rec("accounts", "A1", "INSERT", 10, minutes_ago=30, account_id=1, owner="Ann"),
+        rec("accounts", "A2", "DELETE", 11, minutes_ago=25, account_id=1),
+    ]
+    batch1 = [
+        rec("accounts", "A3", "INSERT", 20, minutes_ago=10, account_id=1, owner="Bo"),
+        rec("accounts", "A4", "UPDATE", 30, minutes_ago=15, account_id=1, owner="Cy"),
+    ]
+    lines = [json.dumps(r) for r in [*batch0, *batch1]]
+    write_files(config, [lines[:2], lines[2:]])
+    assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 2
+    assert_silver_is_the_fold(config, lines, ("accounts",))
+    versions = sorted(rows(config, "silver/accounts_history"), key=lambda r: r["sequence"])
+    assert [v["event_id"] for v in versions] == ["A1", "A2", "A3", "A4"]
+    assert versions[1]["valid_to"] == versions[2]["valid_from"]
+
+
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 @settings(max_examples=int(os.environ.get("CDCFLOW_EXAMPLES", "8")), deadline=None)
 @given(data=stream())

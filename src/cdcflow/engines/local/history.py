@@ -159,8 +159,11 @@ def _continued(
     closed_at = timeline.join(marks, on=[*keys, "sequence"], how="semi").select(
         *keys, pl.col("valid_to").alias("_closed")
     )
-    # a hard-mode DELETE base is not carried: it closes at the first new version
-    first_new = fresh.group_by(keys).agg(pl.col("valid_from").min().alias("_first"))
+    # a hard-mode DELETE base is not carried: it closes at the first new version in sequence
+    # order (not the earliest valid_from: event times need not follow the sequence)
+    first_new = fresh.group_by(keys).agg(
+        pl.col("valid_from").sort_by("sequence").first().alias("_first")
+    )
     closed = (
         base.join(closed_at, on=keys, how="left")
         .join(first_new, on=keys, how="left")
