@@ -682,7 +682,10 @@ def dbz_files(seed: int) -> list[list[str]]:
     for i in range(60):
         lsn = 1000 + 10 * i
         table = rng.choice(["accounts", "accounts", "orders", "nowhere"])
-        op = rng.choice(["c", "u", "u", "d", "r"]) if i != 30 else "t"
+        op = rng.choice(["c", "u", "u", "d", "r"])
+        truncated = {30: "accounts", 45: "orders"}.get(i)  # a truncate of each table
+        if truncated:
+            table, op = truncated, "t"
         if table == "orders":
             key: dict[str, Any] = {"order_id": rng.choice(["O-1", "O-2", "O-3"])}
             row = {**key, "amount": decimal_b64(rng.choice(["1.5", "-2.125"]), 3),

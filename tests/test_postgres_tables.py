@@ -30,6 +30,7 @@ TABLES = [
     {
         "name": "accounts",
         "keys": ["account_id"],
+        "truncate": "apply",
         "columns": [
             {"name": "account_id", "type": "integer"},
             {"name": "owner", "type": "string", "pii": True},
@@ -211,6 +212,16 @@ def test_declared_tables_stream_from_one_slot(pgt: PgTables) -> None:
     truncated = [r for r in quarantined if '"TRUNCATE"' in r["raw_line"]]
     assert [r["failure_reason"] for r in truncated] == ["NULL_ORDER_ID"]
     assert silver(pgt.config, contract_of(pgt.config, "order_lines")) == lines
+    # accounts applies its truncates (truncate: apply): every row is deleted at the TRUNCATE's
+    # LSN, a row inserted after it in the same transaction stays
+    pgt.sql("TRUNCATE accounts", "INSERT INTO accounts (account_id, owner) VALUES (9, 'Zoe')")
+    pgt.run()
+    accounts = silver(pgt.config, contract_of(pgt.config, "accounts"))
+    deleted = {k: r["is_deleted"] for k, r in accounts.items()}
+    assert deleted == {(1,): True, (2,): True, (9,): False}
+    assert accounts[(9,)]["owner"] == "Zoe" and accounts[(1,)]["last_operation"] == "DELETE"
+    [kept] = rows(pgt.config, "audit/source_truncates")
+    assert kept["table_name"] == "accounts" and '"TRUNCATE"' in kept["raw_payload"]
 
 
 def test_the_slot_streams_only_what_it_can_stream_exactly(pg_server: str, tmp_path: Path) -> None:

@@ -522,6 +522,46 @@ def stream(draw: st.DrawFn) -> tuple[list[str], list[int]]:
     return shuffled, cuts
 
 
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_an_applied_truncate_in_the_pipeline(tmp_path: Path, mode: str) -> None:
+    """``truncate: apply`` through the local pipeline: the truncate deletes the key with an
+    earlier event and leaves the key above it; its redelivery is a duplicate in
+    ``audit/source_truncates``; a late event below it ends deleted; the outcomes of the events
+    it deleted in the same micro-batch are ``SUPERSEDED_IN_BATCH``."""
+    config = write_config(tmp_path, mode=mode, truncate="apply")
+    truncate = rec("accounts", "T1", "TRUNCATE", 20)
+    batch0 = [
+        rec("accounts", "A1", "INSERT", 10, account_id=1, owner="Ann"),
+        truncate,
+        rec("accounts", "A2", "INSERT", 30, account_id=2, owner="Bo"),
+    ]
+    batch1 = [rec("accounts", "A3", "UPDATE", 15, account_id=3, owner="Late"), truncate]
+    lines = [json.dumps(r) for r in [*batch0, *batch1]]
+    write_files(config, [lines[:3], lines[3:]])
+    reports = Pipeline(config).run(Trigger.parse("available-now"))
+    assert [r.duplicates for r in reports] == [0, 1]
+    assert_silver_is_the_fold(config, lines, ("accounts",))
+    state = silver(config, contract_of(config, "accounts"))
+    if mode == "soft":
+        assert {k: r["is_deleted"] for k, r in state.items()} == {
+            (1,): True,
+            (2,): False,
+            (3,): True,
+        }
+        assert state[(1,)]["last_event_id"] == "T1"
+    else:
+        assert set(state) == {(2,)}
+        tombstones = rows(config, "silver/accounts_tombstones")
+        assert {t["account_id"] for t in tombstones} == {1, 3}
+    kept = sorted(rows(config, "audit/source_truncates"), key=lambda r: r["batch_id"])
+    assert [(r["batch_id"], r["event_id"], r["is_duplicate"]) for r in kept] == [
+        (0, "T1", False),
+        (1, "T1", True),
+    ]
+    outcomes = {r["event_id"]: r["outcome"] for r in rows(config, "audit/accounts_event_outcomes")}
+    assert outcomes == {"A1": "SUPERSEDED_IN_BATCH", "A2": "APPLIED", "A3": "SUPERSEDED_IN_BATCH"}
+
+
 def test_a_deleted_row_s_version_closes_at_the_next_version_in_sequence_order(
     tmp_path: Path,
 ) -> None:

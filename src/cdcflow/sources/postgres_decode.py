@@ -25,7 +25,8 @@ Mapping (one row change → one event, except a key-changing UPDATE → two):
 * TRUNCATE: one event with ``operation`` ``TRUNCATE`` and a null ``customer_id`` — the pipeline
   quarantines it (``NULL_CUSTOMER_ID``; the raw payload says ``TRUNCATE`` and why), so a
   truncation is visible in the quarantine table instead of silently ignored. It is not applied
-  to Silver (see docs/postgres.md for the policy).
+  to Silver (see docs/postgres.md for the policy) — except for a declared table whose contract
+  says ``truncate: apply`` (:mod:`cdcflow.plan.truncates`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ _ACTIONS = {"I": "INSERT", "U": "UPDATE", "D": "DELETE"}
 TRUNCATE_NOTE = (
     "source TRUNCATE: every row of the table was removed at the source; not applied to Silver "
     "(policy: quarantine, then re-snapshot or reconcile)"
+)
+#: The note of a declared table's TRUNCATE: its contract's ``truncate`` policy decides.
+TABLE_TRUNCATE_NOTE = (
+    "source TRUNCATE: every row of the table was removed at the source; applied to Silver under "
+    "the table's truncate: apply policy, else quarantined (then re-snapshot or reconcile)"
 )
 
 
@@ -213,7 +219,7 @@ def decode_rows(
         if action == "T":
             no_key = {} if tables is not None else {"customer_id": None}
             record = _event(op="TRUNCATE", key=no_key, values={}, position=0, **common)
-            record["metadata"]["note"] = TRUNCATE_NOTE
+            record["metadata"]["note"] = TRUNCATE_NOTE if tables is None else TABLE_TRUNCATE_NOTE
             pending.append(record)
             pending_truncates += 1
             continue
