@@ -19,7 +19,16 @@ loads a few hundred rows per second):
    those keys into the same target: seconds, peak RSS;
 
 each followed by ``reconcile_snowflake`` (Silver vs the target: EQUAL or not) in another child
-process (not measured).
+process (not measured);
+
+3. with ``--continuous S`` (default 60; 0 skips it), the continuous mode on that lakehouse:
+   ``cdcflow run --trigger processing-time=1s`` and ``cdcflow sync snowflake --continuous
+   --interval 500ms`` as two processes while this one lands ``--rate`` (1,000) UPDATEs a second
+   (one file a second, event times = the time the file is written) for S seconds; then both
+   stop on SIGTERM once the sync has caught up. Each sync's record (``audit/snowflake_sync``,
+   mode ``continuous``) holds the p50 / p95 of source event time → Snowflake commit over the
+   rows it upserted: reported are the median of the per-sync p50s, the largest per-sync p95
+   and the lag from the Silver commit, then a reconciliation.
 
 What the figures measure: the whole sync path — the Delta read (snapshot or Change Data Feed),
 the Parquet files or the bound rows, PUT, COPY, the MERGE and the state update — against the
@@ -190,6 +199,95 @@ def measure(work: Path, method: str) -> dict[str, Any]:
     return result
 
 
+def _config_file(work: Path) -> Path:
+    """The ``auto`` config as a YAML file (for the ``cdcflow`` processes)."""
+    import yaml
+
+    path = work / "cdcflow.yaml"
+    raw = _config(work, "auto").model_dump(mode="json", exclude_defaults=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str, Any]:
+    """The continuous phase (module doc, 3.): the figures of its syncs."""
+    import random
+    import signal
+
+    import polars as pl
+    from deltalake import DeltaTable
+
+    from cdcflow.sinks.snowflake.inline import SYNC_LOG_TABLE
+
+    config = _config_file(work)
+    cli = [sys.executable, "-m", "cdcflow"]
+    logs = (work / "run.log").open("w"), (work / "sync.log").open("w")
+    run = subprocess.Popen(
+        [*cli, "run", "--config", str(config), "--trigger", "processing-time=1s"],
+        stdout=logs[0],
+        stderr=subprocess.STDOUT,
+    )
+    sync = subprocess.Popen(
+        [*cli, "sync", "snowflake", "--config", str(config), "--continuous", "--interval", "500ms"],
+        stdout=logs[1],
+        stderr=subprocess.STDOUT,
+    )
+    rng = random.Random(7)
+    lsn = 10 * customers
+    started = time.monotonic()
+    try:
+        for second in range(seconds):
+            now = datetime.now(UTC).isoformat()
+            records = []
+            for n in range(rate):
+                lsn += 1
+                k = rng.randrange(customers)
+                records.append(
+                    {"event_id": f"L{second}-{n}", "customer_id": f"C-{k}",
+                     "operation": "UPDATE", "event_timestamp": now,
+                     "city": rng.choice(["Quito", "Oslo", "Pune"]), "metadata": {"lsn": lsn}}
+                )  # fmt: skip
+            _write(work / "landing" / f"live-{second:05d}.jsonl", records)
+            time.sleep(max(0.0, started + second + 1 - time.monotonic()))
+        silver = DeltaTable(str(work / "lake" / "silver" / "customers"))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the sync reached Silver's last version
+            time.sleep(2)
+            silver.update_incremental()
+            log = DeltaTable(str(work / "lake" / SYNC_LOG_TABLE)).to_pyarrow_table()
+            done = pl.from_arrow(log).filter(pl.col("target_table") == "DIM_CUSTOMER_CURRENT")
+            if done.height and done["to_version"].max() == silver.version():
+                break
+    finally:
+        for process in (run, sync):
+            process.send_signal(signal.SIGTERM)
+        for process in (run, sync):
+            process.wait(timeout=120)
+        for log_file in logs:
+            log_file.close()
+    frame = pl.from_arrow(DeltaTable(str(work / "lake" / SYNC_LOG_TABLE)).to_pyarrow_table())
+    assert isinstance(frame, pl.DataFrame)
+    dim = frame.filter(
+        (pl.col("target_table") == "DIM_CUSTOMER_CURRENT") & (pl.col("mode") == "continuous")
+    )
+    measured = dim.filter(pl.col("event_lag_p50_s").is_not_null())
+    check = work / "sync-auto.reconcile.json"
+    args = [sys.executable, __file__, "--child", "auto", "--work", str(work), "--out", str(check)]
+    subprocess.run(args, check=True)
+    return {
+        "seconds": seconds,
+        "events_per_s": rate,
+        "events": seconds * rate,
+        "syncs": dim.height,
+        "event_lag_p50_s": round(float(measured["event_lag_p50_s"].median()), 2),  # type: ignore[arg-type]
+        "event_lag_p95_s": round(float(measured["event_lag_p95_s"].max()), 2),  # type: ignore[arg-type]
+        "silver_to_snowflake_p50_s": round(float(dim["lag_s"].median()), 2),  # type: ignore[arg-type]
+        "pipeline_exit": run.returncode,
+        "sync_exit": sync.returncode,
+        "equal": json.loads(check.read_text())["equal"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--customers", type=int, default=100_000, help="keys in Silver")
@@ -197,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=4, help="landing files of the load")
     parser.add_argument("--methods", default="auto,bind")
     parser.add_argument("--bind-max", type=int, default=20_000, help="largest bind run (keys)")
+    parser.add_argument("--continuous", type=int, default=60, help="seconds; 0: skip")
+    parser.add_argument("--rate", type=int, default=1_000, help="events/s, continuous phase")
     parser.add_argument("--child")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--out", type=Path)
@@ -217,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         full = {m: measure(work, m) for m in methods}
         update_keys(work, args.customers, args.events)
         incremental = {m: measure(work, m) for m in methods}
+        live = continuous(work, args.customers, args.continuous, args.rate) if args.continuous else None
     rows = []
     header = ("sync", "method", "rows", "seconds", "rows/s", "peak MiB")
     print("{:<12} {:<6} {:>9} {:>8} {:>9} {:>9}  equal".format(*header))
@@ -229,6 +330,14 @@ def main(argv: list[str] | None = None) -> None:
             )
     for method in skipped:
         print(f"{method}: not run above --bind-max {args.bind_max:,} keys")
+    if live:
+        print(
+            f"continuous: {live['events']:,} events at {live['events_per_s']:,}/s, "
+            f"{live['syncs']} syncs; source event time → Snowflake commit p50 "
+            f"{live['event_lag_p50_s']} s (median of the syncs' p50), p95 {live['event_lag_p95_s']}"
+            f" s (largest sync p95); Silver commit → Snowflake commit p50 "
+            f"{live['silver_to_snowflake_p50_s']} s; reconciled {live['equal']}"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-snowflake.json"
     out.write_text(
@@ -239,12 +348,13 @@ def main(argv: list[str] | None = None) -> None:
                 "events": args.events,
                 "runs": rows,
                 "skipped": skipped,
+                "continuous": live,
             },
             indent=1,
         )
     )
     print(f"written {out}")
-    if not all(r["equal"] for r in rows):
+    if not all(r["equal"] for r in rows) or (live and not live["equal"]):
         raise SystemExit("a sync did not reconcile EQUAL")
 
 

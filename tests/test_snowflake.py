@@ -531,3 +531,74 @@ def test_an_evolved_column_is_added_to_the_snowflake_table(
         cur = conn.cursor()
         cur.execute("SELECT ACCOUNT_ID, NICKNAME FROM ACCOUNTS_CURRENT ORDER BY ACCOUNT_ID")
         assert cur.fetchall() == [(1, None), (2, "n2"), (3, "n3")]
+
+
+def test_every_sync_is_recorded_with_its_event_lag_and_status_shows_it(
+    tmp_path: Path, emulator: dict[str, Any]
+) -> None:
+    """``cdcflow sync snowflake`` (once, then ``--continuous`` until SIGINT) records each sync
+    in ``audit/snowflake_sync`` with its mode; an incremental sync's event lag (source event
+    time → Snowflake commit) is the median and 95th percentile over the rows it upserted;
+    ``cdcflow status`` shows the latest figures (text and JSON)."""
+    import os
+    import signal
+    import threading
+
+    import yaml
+
+    from cdcflow.cli.app import app
+    from cdcflow.config import load_config
+    from cdcflow.pipeline import Pipeline, Trigger
+    from tests.test_tables_pipeline import rec, rows, write_config, write_files
+
+    config = write_config(tmp_path)
+    raw = yaml.safe_load(Path(config.file).read_text())
+    raw["snowflake"] = {"mode": "standalone", "database": f"TEST_{next(_db_numbers)}",
+                        "emulator": "on", "emulator_path": ":memory:"}  # fmt: skip
+    Path(config.file).write_text(yaml.safe_dump(raw, sort_keys=False))
+    config = load_config(config.file)
+    cli = ["--config", str(config.file)]
+    write_files(config, [[json.dumps(rec("accounts", "A0", "INSERT", 1, account_id=9))]])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    result = CliRunner().invoke(app, ["sync", "snowflake", *cli])
+    assert result.exit_code == 0, result.output
+    # three accounts changed 2, 5 and 10 minutes before: an incremental sync's lags follow
+    write_files(
+        config,
+        [[json.dumps(rec("accounts", f"A{m}", "INSERT", 10 + m, minutes_ago=m, account_id=m))
+          for m in (2, 5, 10)]],
+    )  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    result = CliRunner().invoke(app, ["sync", "snowflake", *cli])
+    assert result.exit_code == 0, result.output
+    log = sorted(rows(config, "audit/snowflake_sync"), key=lambda r: r["synced_at"])
+    accounts = [r for r in log if r["target_table"] == "ACCOUNTS_CURRENT"]
+    assert [(r["mode"], r["kind"]) for r in accounts] == [("once", "full"), ("once", "incremental")]
+    assert accounts[0]["event_lag_p50_s"] is None  # a full sync measures no event lag
+    p50, p95 = accounts[1]["event_lag_p50_s"], accounts[1]["event_lag_p95_s"]
+    from tests.test_tables_pipeline import NOW
+
+    base = (accounts[1]["synced_at"] - NOW).total_seconds()  # the events' times are NOW-based
+    assert abs(p50 - (base + 300)) < 1 and abs(p95 - (base + 600)) < 1
+    # --continuous: the first sync (a full one) then noop syncs until SIGINT
+    timer = threading.Timer(4.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    result = CliRunner().invoke(
+        app, ["sync", "snowflake", *cli, "--continuous", "--full", "--interval", "500ms"]
+    )
+    timer.join()
+    assert result.exit_code == 0, result.output
+    modes = [r["mode"] for r in rows(config, "audit/snowflake_sync")]
+    assert modes.count("continuous") == 2  # both tables' full syncs; noop syncs not recorded
+    result = CliRunner().invoke(app, ["status", *cli, "--output", "json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert found["batches"] == 2 and found["last_batch"]["accepted"] == 3
+    shown = {s["target"]: s for s in found["snowflake"]}
+    assert shown["ACCOUNTS_CURRENT"]["syncs"] == 3
+    assert shown["ACCOUNTS_CURRENT"]["last_mode"] == "continuous"
+    assert shown["ACCOUNTS_CURRENT"]["event_lag_p50_s"] == pytest.approx(p50)
+    assert shown["ACCOUNTS_CURRENT"]["recent_event_lag_p95_s"] == pytest.approx(p95)
+    text = CliRunner().invoke(app, ["status", *cli])
+    assert text.exit_code == 0 and "ACCOUNTS" in text.output, text.output
+    assert "2 micro-batches" in text.output

@@ -28,12 +28,15 @@ sync_app = typer.Typer(
 
 
 def sync_table(report: object) -> Table:
-    """One row per synchronized Snowflake table (the versions, staged and merged rows, lag)."""
+    """One row per synchronized Snowflake table: the versions, staged and merged rows, the lag
+    from the Silver commit and (incremental syncs) from the source event time, p50 / p95."""
     from cdcflow.sinks.snowflake.sync import SyncReport
 
     assert isinstance(report, SyncReport)
     table = Table(title=f"Snowflake sync ({report.duration_ms} ms)")
-    for name in ("table", "kind", "versions", "staged", "inserted", "updated", "deleted", "lag s"):
+    names = ("table", "kind", "versions", "staged", "inserted", "updated", "deleted", "lag s",
+             "event lag p50 s", "p95 s")  # fmt: skip
+    for name in names:
         table.add_column(name, justify="left" if name in ("table", "kind") else "right")
     for t in report.tables:
         table.add_row(
@@ -44,8 +47,9 @@ def sync_table(report: object) -> Table:
             str(t.inserted),
             str(t.updated),
             str(t.deleted),
-            "-" if t.lag_s is None else f"{t.lag_s:.2f}",
-        )
+            *("-" if v is None else f"{v:.2f}" for v in (t.lag_s, t.event_lag_p50_s,
+                                                         t.event_lag_p95_s)),
+        )  # fmt: skip
     return table
 
 
@@ -78,8 +82,10 @@ def snowflake(
     declared tables: each Silver table -> its Snowflake table."""
     from cdcflow.cli.app import console, load
     from cdcflow.cli.progress import working
+    from cdcflow.signals import off_main_thread
+    from cdcflow.sinks.snowflake.inline import record_sync
     from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
-    from cdcflow.sinks.snowflake.sync import sync_snowflake
+    from cdcflow.sinks.snowflake.sync import SyncReport, sync_snowflake
 
     try:
         pause = parse_duration(interval).total_seconds()
@@ -89,8 +95,15 @@ def snowflake(
     stop = threading.Event()
 
     def once(refresh: bool) -> None:
-        with working("snowflake: synchronizing silver and gold"):
+        def work() -> SyncReport:
             report = sync_snowflake(cfg, full=refresh)
+            record_sync(cfg, report, None, "continuous" if continuous else "once")
+            return report
+
+        with working("snowflake: synchronizing silver and gold"):
+            # continuous: off the main thread, where the connector's own SIGINT handler
+            # (cancel the query, KeyboardInterrupt) would break the clean stop
+            report = off_main_thread(work) if continuous else work()
         console.print(sync_table(report))
 
     def handler(signum: int, frame: FrameType | None) -> None:

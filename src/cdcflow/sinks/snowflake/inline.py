@@ -1,8 +1,13 @@
-"""Inline mode: synchronize Snowflake right after each micro-batch's Silver commit.
+"""Inline mode: synchronize Snowflake right after each micro-batch's Silver commit; the
+record of every sync.
 
-The sync lag (Silver commit → Snowflake commit) of every inline sync is appended to the Delta
-table ``audit/snowflake_sync`` (one row per synchronized Snowflake table and micro-batch) and
-put in the batch report's ``stage_seconds['snowflake_sync']``. A failed sync is logged (error
+Every sync — inline after a micro-batch, or ``cdcflow sync snowflake`` once or
+``--continuous`` — appends one row per Snowflake table it changed to the Delta table
+``audit/snowflake_sync`` (:data:`SYNC_LOG_SCHEMA`): its mode, versions, row counts, the lag from
+the Silver commit to the Snowflake commit (``lag_s``) and, for an incremental sync, from the
+source event time of the rows it upserted to the Snowflake commit (``event_lag_p50_s`` /
+``event_lag_p95_s``); ``cdcflow status`` shows them. An inline sync's time is put in the batch
+report's ``stage_seconds['snowflake_sync']``. A failed sync is logged (error
 type only) and does not fail the micro-batch: Silver is committed, and the next sync — inline or
 ``cdcflow sync snowflake`` — catches up from the version recorded in ``CDC_SYNC_STATE``.
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Literal
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -18,6 +24,7 @@ from deltalake import write_deltalake
 from cdcflow.config import CdcflowConfig
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
+from cdcflow.signals import off_main_thread
 from cdcflow.sinks.snowflake.sync import SyncReport, sync_snowflake
 
 log = get_logger("snowflake.inline")
@@ -37,12 +44,28 @@ SYNC_LOG_SCHEMA = pa.schema(
         pa.field("source_committed_at", _TS),
         pa.field("synced_at", _TS),
         pa.field("lag_s", pa.float64()),
+        pa.field("mode", pa.string()),
+        pa.field("event_lag_p50_s", pa.float64()),
+        pa.field("event_lag_p95_s", pa.float64()),
     ]
 )
 
+#: ``audit/snowflake_sync.mode`` values: after a micro-batch, a one-off CLI sync, a sync of
+#: ``cdcflow sync snowflake --continuous``.
+SyncMode = Literal["inline", "once", "continuous"]
 
-def record_sync(config: CdcflowConfig, report: SyncReport, batch_id: int | None) -> None:
-    """Append one ``audit/snowflake_sync`` row per table that changed (noop syncs skipped)."""
+
+def record_sync(
+    config: CdcflowConfig, report: SyncReport, batch_id: int | None, mode: SyncMode = "inline"
+) -> None:
+    """Append one ``audit/snowflake_sync`` row per table that changed (noop syncs skipped).
+
+    Args:
+        config: the pipeline configuration (``storage.root``).
+        report: the sync's report.
+        batch_id: the micro-batch an inline sync followed (None for a CLI sync).
+        mode: how the sync ran (:data:`SyncMode`).
+    """
     rows = [
         {
             "batch_id": batch_id,
@@ -56,6 +79,9 @@ def record_sync(config: CdcflowConfig, report: SyncReport, batch_id: int | None)
             "source_committed_at": t.source_committed_at,
             "synced_at": t.synced_at,
             "lag_s": t.lag_s,
+            "mode": mode,
+            "event_lag_p50_s": t.event_lag_p50_s,
+            "event_lag_p95_s": t.event_lag_p95_s,
         }
         for t in report.tables
         if t.kind != "noop"
@@ -66,6 +92,7 @@ def record_sync(config: CdcflowConfig, report: SyncReport, batch_id: int | None)
         config.table_uri(SYNC_LOG_TABLE),
         pa.Table.from_pylist(rows, schema=SYNC_LOG_SCHEMA),
         mode="append",
+        schema_mode="merge",  # a log written before the mode / event-lag columns existed
         storage_options=config.storage.options or None,
     )
 
@@ -105,7 +132,9 @@ def sync_after_batch(config: CdcflowConfig, report: BatchReport) -> SyncReport |
     """
     started = time.monotonic()
     try:
-        result = sync_snowflake(config)
+        # off the main thread: the connector's SIGINT handler (cancel, KeyboardInterrupt)
+        # must not replace the continuous run's clean stop (cdcflow.signals.off_main_thread)
+        result = off_main_thread(lambda: sync_snowflake(config))
         record_sync(config, result, report.batch_id)
     except Exception as exc:  # the batch is committed; the next sync catches up
         log.error(

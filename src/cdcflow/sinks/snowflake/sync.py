@@ -80,6 +80,9 @@ class TableSyncReport:
         synced_at: commit time of the Snowflake transaction (UTC).
         load_method: how the rows reached the stage table: ``bulk`` (Parquet, PUT, COPY INTO)
             or ``bind`` (``executemany``); empty for a no-op or a Gold copy.
+        median_event_at / early_event_at: an incremental sync's upserted rows' source event
+            times (``last_updated_at``): the median and the 5th percentile (None: a full sync,
+            a Gold copy, or no upserted row) — the event-time lags below.
     """
 
     target: str
@@ -94,6 +97,8 @@ class TableSyncReport:
     source_committed_at: datetime | None = None
     synced_at: datetime | None = None
     load_method: str = ""
+    median_event_at: datetime | None = None
+    early_event_at: datetime | None = None
 
     @property
     def lag_s(self) -> float | None:
@@ -101,6 +106,21 @@ class TableSyncReport:
         if self.source_committed_at is None or self.synced_at is None:
             return None
         return (self.synced_at - self.source_committed_at).total_seconds()
+
+    @property
+    def event_lag_p50_s(self) -> float | None:
+        """Seconds from the source event time to the Snowflake commit, median over the rows
+        the incremental sync upserted (None: see ``median_event_at``)."""
+        if self.median_event_at is None or self.synced_at is None:
+            return None
+        return (self.synced_at - self.median_event_at).total_seconds()
+
+    @property
+    def event_lag_p95_s(self) -> float | None:
+        """The same lag, 95th percentile (the 5th percentile of the event times)."""
+        if self.early_event_at is None or self.synced_at is None:
+            return None
+        return (self.synced_at - self.early_event_at).total_seconds()
 
     def log_fields(self) -> dict[str, Any]:
         """Counts, versions and timings (no attribute values)."""
@@ -115,7 +135,50 @@ class TableSyncReport:
             "updated": self.updated,
             "deleted": self.deleted,
             "lag_s": None if self.lag_s is None else round(self.lag_s, 3),
+            "event_lag_p50_s": _rounded(self.event_lag_p50_s),
+            "event_lag_p95_s": _rounded(self.event_lag_p95_s),
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+#: The Silver column holding a row's source event time (its last event's ``event_timestamp``).
+EVENT_TIME_COLUMN = "last_updated_at"
+
+
+def event_time_quantiles(
+    changes: pl.DataFrame, target: SyncTarget
+) -> tuple[datetime | None, datetime | None]:
+    """The median and the 5th percentile of the upserted rows' source event times.
+
+    Args:
+        changes: a change set (``CHANGE_KIND`` + the public columns, :func:`read_changes`).
+        target: the table synchronized; without ``last_updated_at`` there is nothing to
+            measure.
+
+    Returns:
+        (median, 5th percentile) as UTC datetimes; (None, None) without an upserted row (a
+        hard-deleted row carries its last event's time, not the delete's: not measured).
+    """
+    if EVENT_TIME_COLUMN not in target.names or changes.is_empty():
+        return None, None
+    micros = (
+        changes.filter(pl.col("CHANGE_KIND") == "UPSERT")
+        .get_column(EVENT_TIME_COLUMN)
+        .drop_nulls()
+        .dt.epoch("us")
+    )
+    if micros.is_empty():
+        return None, None
+
+    def at(q: float) -> datetime:
+        value = micros.quantile(q, interpolation="nearest")
+        assert value is not None
+        return datetime.fromtimestamp(float(value) / 1e6, UTC)
+
+    return at(0.5), at(0.05)
 
 
 @dataclass
@@ -562,6 +625,8 @@ def sync_dim(
                 kind = "full"
         report = TableSyncReport(target.table, source, kind, synced, current)
         report.source_committed_at = _commit_time(silver, current)
+        if changes is not None:  # incremental: the changed rows' event times
+            report.median_event_at, report.early_event_at = event_time_quantiles(changes, target)
         sync_id = uuid.uuid4().hex
         file_rows = config.snowflake.bulk_file_rows
         if changes is None and use_bulk(config, silver.to_pyarrow_dataset().count_rows()):
