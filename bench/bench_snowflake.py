@@ -317,7 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         full = {m: measure(work, m) for m in methods}
         update_keys(work, args.customers, args.events)
         incremental = {m: measure(work, m) for m in methods}
-        live = continuous(work, args.customers, args.continuous, args.rate) if args.continuous else None
+        live = None
+        if args.continuous:
+            live = continuous(work, args.customers, args.continuous, args.rate)
     rows = []
     header = ("sync", "method", "rows", "seconds", "rows/s", "peak MiB")
     print("{:<12} {:<6} {:>9} {:>8} {:>9} {:>9}  equal".format(*header))
