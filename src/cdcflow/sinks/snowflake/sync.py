@@ -549,6 +549,13 @@ def ensure_tables(config: CdcflowConfig, cur: Any, target: SyncTarget | None = N
         add_columns(cur, target)
 
 
+def ensure_state(config: CdcflowConfig, cur: Any) -> None:
+    """Create the schema and ``CDC_SYNC_STATE`` if missing (a Gold copy needs no other)."""
+    where = target_of(config)
+    for statement in state_ddl(where.database, where.schema):
+        _execute(cur, statement)
+
+
 def add_columns(cur: Any, target: SyncTarget) -> list[str]:
     """``ALTER TABLE … ADD COLUMN`` on the target and its stage for each public column the
     Silver table has and they lack (a contract evolved since the tables were created: a new
@@ -717,7 +724,7 @@ def sync_gold_table(
     columns_ddl = ", ".join(f"{c} {t}" for c, t in cols)
     with connect(config) as conn:
         cur = conn.cursor()
-        ensure_tables(config, cur)
+        ensure_state(config, cur)
         _execute(cur, f"CREATE TABLE IF NOT EXISTS {target_table} ({columns_ddl})")
         # a full copy of a Gold table: one created from an earlier schema (e.g. SHARE before
         # SHARE_PCT) is recreated with the current columns, then filled
