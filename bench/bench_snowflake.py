@@ -214,6 +214,45 @@ def _config_file(work: Path) -> Path:
     return path
 
 
+def _wait(done: Any, timeout_s: float) -> bool:
+    """Poll ``done()`` every second until it is true (True) or ``timeout_s`` passed (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        time.sleep(1)
+    return False
+
+
+def _received(work: Path) -> int:
+    """Records the pipeline has committed (``audit/batch_log``)."""
+    from deltalake import DeltaTable
+
+    log = DeltaTable(str(work / "lake" / "audit" / "batch_log")).to_pyarrow_table()
+    return int(sum(log.column("records_received").to_pylist()))
+
+
+def _synced(work: Path) -> bool:
+    """Whether ``audit/snowflake_sync`` holds, for Silver and every Gold table, a sync of its
+    current Delta version."""
+    import polars as pl
+    from deltalake import DeltaTable
+
+    from cdcflow.sinks.snowflake.inline import SYNC_LOG_TABLE
+    from cdcflow.sinks.snowflake.tables import DIM_TABLE, GOLD_TABLES, SILVER_TABLE
+
+    frame = pl.from_arrow(DeltaTable(str(work / "lake" / SYNC_LOG_TABLE)).to_pyarrow_table())
+    assert isinstance(frame, pl.DataFrame)
+    for name, target in {SILVER_TABLE: DIM_TABLE, **GOLD_TABLES}.items():
+        path = work / "lake" / name
+        if not DeltaTable.is_deltatable(str(path)):
+            continue
+        versions = frame.filter(pl.col("target_table") == target)["to_version"]
+        if versions.is_empty() or versions.max() != DeltaTable(str(path)).version():
+            return False
+    return True
+
+
 def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str, Any]:
     """The continuous phase (module doc, 3.): the figures of its syncs."""
     import random
@@ -225,6 +264,7 @@ def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str,
     from cdcflow.sinks.snowflake.inline import SYNC_LOG_TABLE
 
     config = _config_file(work)
+    before = _received(work)  # the records of the lakehouse's build and update
     cli = [sys.executable, "-m", "cdcflow"]
     logs = (work / "run.log").open("w"), (work / "sync.log").open("w")
     run = subprocess.Popen(
@@ -254,18 +294,16 @@ def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str,
                 )  # fmt: skip
             _write(work / "landing" / f"live-{second:05d}.jsonl", records)
             time.sleep(max(0.0, started + second + 1 - time.monotonic()))
-        silver = DeltaTable(str(work / "lake" / "silver" / "customers"))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the sync reached Silver's last version
-            time.sleep(2)
-            silver.update_incremental()
-            log = DeltaTable(str(work / "lake" / SYNC_LOG_TABLE)).to_pyarrow_table()
-            done = pl.from_arrow(log).filter(pl.col("target_table") == "DIM_CUSTOMER_CURRENT")
-            if done.height and done["to_version"].max() == silver.version():
-                break
+        landed = time.monotonic()
+        drained = _wait(lambda: _received(work) >= before + seconds * rate, 600)
+        drain_s = time.monotonic() - landed
+        run.send_signal(signal.SIGTERM)  # no commit after this: the next sync round is the last
+        run.wait(timeout=120)
+        caught_up = _wait(lambda: _synced(work), 300)
     finally:
         for process in (run, sync):
-            process.send_signal(signal.SIGTERM)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
         for process in (run, sync):
             process.wait(timeout=120)
         for log_file in logs:
@@ -287,6 +325,9 @@ def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str,
         "event_lag_p50_s": round(float(measured["event_lag_p50_s"].median()), 2),  # type: ignore[arg-type]
         "event_lag_p95_s": round(float(measured["event_lag_p95_s"].max()), 2),  # type: ignore[arg-type]
         "silver_to_snowflake_p50_s": round(float(dim["lag_s"].median()), 2),  # type: ignore[arg-type]
+        "drain_s": round(drain_s, 1),
+        "drained": drained,
+        "caught_up": caught_up,
         "pipeline_exit": run.returncode,
         "sync_exit": sync.returncode,
         "equal": json.loads(check.read_text())["equal"],
@@ -343,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{live['syncs']} syncs; source event time → Snowflake commit p50 "
             f"{live['event_lag_p50_s']} s (median of the syncs' p50), p95 {live['event_lag_p95_s']}"
             f" s (largest sync p95); Silver commit → Snowflake commit p50 "
-            f"{live['silver_to_snowflake_p50_s']} s; reconciled {live['equal']}"
+            f"{live['silver_to_snowflake_p50_s']} s; the pipeline drained the landing "
+            f"{live['drain_s']} s after the last file; reconciled {live['equal']}"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-snowflake.json"
