@@ -37,7 +37,8 @@ def status(
         console.print(f"pipeline {found.pipeline} ({found.engine}): no micro-batch yet")
     else:
         console.print(
-            f"pipeline {found.pipeline} ({found.engine}): {found.batches} micro-batches; the "
+            f"pipeline {found.pipeline} ({found.engine}): {found.batches} "
+            f"micro-batch{'es' if found.batches != 1 else ''}; the "
             f"last, {last.batch_id}, at {last.started_at:%Y-%m-%d %H:%M:%S} UTC in "
             f"{last.duration_ms} ms: {last.records_received} records, {last.accepted} accepted, "
             f"{last.quarantined} quarantined",
@@ -63,16 +64,20 @@ def status(
         title="Snowflake syncs (seconds; lag: Silver commit → Snowflake commit; event: source "
         f"event time → Snowflake commit, of the last sync and the last {RECENT_SYNCS})"
     )
-    names = ("table", "syncs", "last", "mode", "version", "lag", "event p50", "event p95",
-             "recent p50", "recent p95")  # fmt: skip
-    for name in names:  # a narrow terminal folds the names rather than cutting them
+    names = ("table", "syncs", "last", "mode", "lag", "event p50 / p95", "recent p50 / p95")
+    for name in names:  # the table names whole; a narrow terminal folds the other columns
         left = name in ("table", "last", "mode")
-        table.add_column(name, justify="left" if left else "right", overflow="fold")
+        table.add_column(
+            name,
+            justify="left" if left else "right",
+            no_wrap=name == "table",
+            overflow="fold",
+        )
     for s in found.snowflake:
         when = "-" if s.last_synced_at is None else f"{s.last_synced_at:%H:%M:%S}"
         table.add_row(
-            s.target, str(s.syncs), when, s.last_mode or "-", str(s.last_version),
-            _s(s.last_lag_s), _s(s.event_lag_p50_s), _s(s.event_lag_p95_s),
-            _s(s.recent_event_lag_p50_s), _s(s.recent_event_lag_p95_s),
+            s.target, str(s.syncs), when, s.last_mode or "-", _s(s.last_lag_s),
+            f"{_s(s.event_lag_p50_s)} / {_s(s.event_lag_p95_s)}",
+            f"{_s(s.recent_event_lag_p50_s)} / {_s(s.recent_event_lag_p95_s)}",
         )  # fmt: skip
     console.print(table)
