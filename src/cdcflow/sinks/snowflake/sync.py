@@ -25,6 +25,7 @@ copied in full (DELETE + INSERT + state, one transaction).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -707,9 +708,21 @@ def gold_table_exists(config: CdcflowConfig, name: str) -> bool:
 
 
 def sync_gold_table(
-    config: CdcflowConfig, name: str, target_table: str, full: bool = False
+    config: CdcflowConfig,
+    name: str,
+    target_table: str,
+    full: bool = False,
+    setup: Any = None,
 ) -> TableSyncReport:
     """Copy one Gold table to ``target_table`` in full when its Delta version changed.
+
+    Args:
+        config: the pipeline configuration.
+        name: the Gold Delta table.
+        target_table: its Snowflake table.
+        full: copy even when the version was synchronized.
+        setup: an open autocommit connection whose state table exists (:func:`sync_gold`
+            shares one between the Gold tables); None: one of its own.
 
     Raises:
         TableError: the table cannot be opened or has a column type without Snowflake mapping.
@@ -722,9 +735,11 @@ def sync_gold_table(
     except TypeError as exc:
         raise TableError(f"{name}: {exc}") from None
     columns_ddl = ", ".join(f"{c} {t}" for c, t in cols)
-    with connect(config) as conn:
-        cur = conn.cursor()
-        ensure_state(config, cur)
+    with contextlib.ExitStack() as stack:
+        if setup is None:
+            setup = stack.enter_context(connect(config))
+            ensure_state(config, setup.cursor())
+        cur = setup.cursor()
         _execute(cur, f"CREATE TABLE IF NOT EXISTS {target_table} ({columns_ddl})")
         # a full copy of a Gold table: one created from an earlier schema (e.g. SHARE before
         # SHARE_PCT) is recreated with the current columns, then filled
@@ -780,11 +795,14 @@ def sync_gold_table(
 
 def sync_gold(config: CdcflowConfig, full: bool = False) -> list[TableSyncReport]:
     """Copy every existing Gold table (``GOLD_TABLES``) to its ``AGG_*`` table."""
-    return [
-        sync_gold_table(config, name, target, full)
-        for name, target in GOLD_TABLES.items()
-        if gold_table_exists(config, name)
-    ]
+    present = {n: t for n, t in GOLD_TABLES.items() if gold_table_exists(config, n)}
+    if not present:
+        return []
+    with connect(config) as setup:  # one connection for every table's checks (logins cost)
+        ensure_state(config, setup.cursor())
+        return [
+            sync_gold_table(config, name, target, full, setup) for name, target in present.items()
+        ]
 
 
 # ---------------------------------------------------------------- entry point
