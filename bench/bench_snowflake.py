@@ -214,6 +214,11 @@ def _config_file(work: Path) -> Path:
     return path
 
 
+def _round(value: Any) -> float | None:
+    """Seconds to two decimals; None when nothing was measured (no sync with changed rows)."""
+    return None if value is None else round(float(value), 2)
+
+
 def _wait(done: Any, timeout_s: float) -> bool:
     """Poll ``done()`` every second until it is true (True) or ``timeout_s`` passed (False)."""
     deadline = time.monotonic() + timeout_s
@@ -241,7 +246,10 @@ def _synced(work: Path) -> bool:
     from cdcflow.sinks.snowflake.inline import SYNC_LOG_TABLE
     from cdcflow.sinks.snowflake.tables import DIM_TABLE, GOLD_TABLES, SILVER_TABLE
 
-    frame = pl.from_arrow(DeltaTable(str(work / "lake" / SYNC_LOG_TABLE)).to_pyarrow_table())
+    log = work / "lake" / SYNC_LOG_TABLE
+    if not DeltaTable.is_deltatable(str(log)):  # no sync recorded yet
+        return False
+    frame = pl.from_arrow(DeltaTable(str(log)).to_pyarrow_table())
     assert isinstance(frame, pl.DataFrame)
     for name, target in {SILVER_TABLE: DIM_TABLE, **GOLD_TABLES}.items():
         path = work / "lake" / name
@@ -299,7 +307,11 @@ def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str,
         drain_s = time.monotonic() - landed
         run.send_signal(signal.SIGTERM)  # no commit after this: the next sync round is the last
         run.wait(timeout=120)
-        caught_up = _wait(lambda: _synced(work), 300)
+        caught_up = _wait(lambda: _synced(work) or sync.poll() is not None, 300)
+        if sync.poll() is not None:  # the sync stopped on its own: an error, in its log
+            logs[1].flush()
+            tail = Path(logs[1].name).read_text().strip().splitlines()[-3:]
+            raise SystemExit(f"sync snowflake --continuous exited {sync.returncode}: {tail}")
     finally:
         for process in (run, sync):
             if process.poll() is None:
@@ -322,9 +334,9 @@ def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str,
         "events_per_s": rate,
         "events": seconds * rate,
         "syncs": dim.height,
-        "event_lag_p50_s": round(float(measured["event_lag_p50_s"].median()), 2),  # type: ignore[arg-type]
-        "event_lag_p95_s": round(float(measured["event_lag_p95_s"].max()), 2),  # type: ignore[arg-type]
-        "silver_to_snowflake_p50_s": round(float(dim["lag_s"].median()), 2),  # type: ignore[arg-type]
+        "event_lag_p50_s": _round(measured["event_lag_p50_s"].median()),
+        "event_lag_p95_s": _round(measured["event_lag_p95_s"].max()),
+        "silver_to_snowflake_p50_s": _round(dim["lag_s"].median()),
         "drain_s": round(drain_s, 1),
         "drained": drained,
         "caught_up": caught_up,
