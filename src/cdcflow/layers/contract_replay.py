@@ -118,10 +118,10 @@ def _truncate_records(config: CdcflowConfig, table: str, until: datetime | None)
         stored = DeltaTable(
             config.table_uri(TRUNCATES.name), storage_options=config.storage.options
         )
-    except TableNotFoundError:
-        return pl.DataFrame(
-            schema={"raw_payload": pl.String, "ingested_at": pl.Datetime("us", "UTC")}
-        )
+    except TableNotFoundError:  # no truncate kept yet: none (the table's own columns)
+        empty = pl.from_arrow(TRUNCATES.schema.empty_table().select(["raw_payload", "ingested_at"]))
+        assert isinstance(empty, pl.DataFrame)
+        return empty
     frame = pl.from_arrow(
         stored.to_pyarrow_table(
             columns=["table_name", "raw_payload", "ingested_at", "is_duplicate"]

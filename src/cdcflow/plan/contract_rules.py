@@ -63,6 +63,15 @@ from cdcflow.plan.rules import (
 ENVELOPE = ("event_id", "operation", "event_timestamp", "metadata")
 
 
+def _set_sequence(event: ChangeEvent | TruncateEvent) -> None:
+    """Derive a frozen event's ``sequence`` from its LSN, timestamp and id (:func:`sequence_of`)."""
+    object.__setattr__(
+        event,
+        "sequence",
+        sequence_of(event.lsn_number, event.event_timestamp, event.event_id, event.timestamp_nanos),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ChangeEvent:
     """One accepted change of a contract's table, typed.
@@ -95,11 +104,7 @@ class ChangeEvent:
     sequence: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "sequence",
-            sequence_of(self.lsn_number, self.event_timestamp, self.event_id, self.timestamp_nanos),
-        )
+        _set_sequence(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +135,7 @@ class TruncateEvent:
     sequence: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "sequence",
-            sequence_of(self.lsn_number, self.event_timestamp, self.event_id, self.timestamp_nanos),
-        )
+        _set_sequence(self)
 
 
 def _is_truncate(raw_op: Any) -> bool:

@@ -352,15 +352,24 @@ class ContractTable:
             frame = frame.filter(extra)
         return frame.join(keys.lazy(), on=self.keys, how="semi").select(columns).collect()
 
-    def _prior_hashes(self, event_ids: set[str], batch_id: int) -> dict[str, str]:
+    def _prior_hashes(
+        self,
+        event_ids: set[str],
+        batch_id: int,
+        spec: TableSpec | None = None,
+        extra: pl.Expr | None = None,
+    ) -> dict[str, str]:
+        """event_id → content hash of ``event_ids`` that earlier batches kept in ``spec``
+        (default: the table's Bronze; ``extra``: a further filter)."""
         if not event_ids:
             return {}
+        earlier = pl.col("batch_id") < batch_id
         found = read_where_in(
-            self.store.table(self.tables.bronze),
+            self.store.table(spec or self.tables.bronze),
             "event_id",
             event_ids,
             ["event_id", "content_hash"],
-            extra=pl.col("batch_id") < batch_id,
+            extra=earlier if extra is None else earlier & extra,
         )
         return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
 
@@ -372,20 +381,6 @@ class ContractTable:
         return with_truncates(events, self._truncates, self.keys)
 
     # ------------------------------------------------------------------ truncates
-    def _prior_truncates(self, event_ids: set[str], batch_id: int) -> dict[str, str]:
-        """event_id → content hash of the truncates earlier batches accepted (duplicates)."""
-        found = (
-            scan_table(self.store.table(TRUNCATES))
-            .filter(
-                (pl.col("table_name") == self.contract.name)
-                & (pl.col("batch_id") < batch_id)
-                & pl.col("event_id").is_in(list(event_ids))
-            )
-            .select("event_id", "content_hash")
-            .collect()
-        )
-        return dict(zip(found["event_id"].to_list(), found["content_hash"].to_list(), strict=True))
-
     def _append_truncates(
         self, offsets: BatchOffsets, routed: _Routed, truncates: Sequence[Any]
     ) -> None:
@@ -422,14 +417,7 @@ class ContractTable:
         """The table's accepted truncates up to ``batch_id`` (first copies), or an empty frame
         when the table does not apply truncates."""
         if self.contract.truncate != "apply":
-            return pl.DataFrame(
-                schema={
-                    "event_id": pl.String,
-                    "event_timestamp": pl.Datetime("us", "UTC"),
-                    "lsn": pl.String,
-                    "sequence": pl.String,
-                }
-            )
+            return self._empty(TRUNCATES, list(TRUNCATE_COLUMNS))
         return (
             scan_table(self.store.table(TRUNCATES))
             .filter(
@@ -491,7 +479,8 @@ class ContractTable:
         ids = {e.event_id for _, e in candidates}
         prior = self._prior_hashes(ids, batch_id)
         if self.contract.truncate == "apply":  # a truncate's copies are kept beside Bronze
-            prior.update(self._prior_truncates(ids, batch_id))
+            mine = pl.col("table_name") == self.contract.name
+            prior.update(self._prior_hashes(ids, batch_id, TRUNCATES, mine))
         classified, conflicts = classify(candidates, prior)  # type: ignore[arg-type]
         truncates = [d for d in classified if isinstance(d.event, TruncateEvent)]
         deliveries = [d for d in classified if not isinstance(d.event, TruncateEvent)]

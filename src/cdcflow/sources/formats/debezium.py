@@ -403,14 +403,37 @@ class DebeziumDecoder:
                 flat[name] = decode_value(row[name], fields.get(name), types.get(name))
             except Undecodable as exc:
                 return Rejection("SCHEMA_MISMATCH", f"column {name}: {exc}")
+        key = key_hash([flat.get(name) for name in key_fields])
+        return self._envelope(flat, payload, source, contract, operation, f"{op}-{key}")
+
+    def _truncate(
+        self, payload: dict[str, Any], source: dict[str, Any], contract: TableContract
+    ) -> Decoded:
+        """A truncate under ``truncate: apply``: the flat record of a table-wide delete —
+        event id, operation ``TRUNCATE``, timestamp and LSN, no key (the validator turns it
+        into a :class:`cdcflow.plan.contract_rules.TruncateEvent`)."""
+        return self._envelope({}, payload, source, contract, "TRUNCATE", "t")
+
+    @staticmethod
+    def _envelope(
+        flat: dict[str, Any],
+        payload: dict[str, Any],
+        source: dict[str, Any],
+        contract: TableContract,
+        operation: str,
+        id_tail: str,
+    ) -> Decoded:
+        """``flat`` (the row's columns) completed with the flat envelope: the event id
+        ``dbz-<connector>-<position>-<id_tail>``, ``operation``, the timestamp and LSN of the
+        source position, and ``metadata`` (source table, transaction id, connector, position);
+        ``INVALID_LSN`` when the position cannot be read."""
         try:
             found = position(source)
         except _BadPosition as exc:
             return Rejection("INVALID_LSN", str(exc))
         connector = str(source["connector"])  # a known connector: position() checked it
-        key = key_hash([flat.get(name) for name in key_fields])
         position_text = found[0] if found else "none"
-        put_path(flat, contract.event_id_field, f"dbz-{connector}-{position_text}-{op}-{key}")
+        put_path(flat, contract.event_id_field, f"dbz-{connector}-{position_text}-{id_tail}")
         put_path(flat, contract.operation_field, operation)
         timestamp = _timestamp(source)
         if timestamp is not None:
@@ -426,34 +449,6 @@ class DebeziumDecoder:
         if isinstance(metadata, dict):
             metadata.setdefault("source_table", f"{schema_name}.{source.get('table')}")
             metadata.setdefault("tx_id", None if tx_id is None else str(tx_id))
-            metadata.setdefault("connector", connector)
-            metadata.setdefault("position", position_text)
-        return flat
-
-    def _truncate(
-        self, payload: dict[str, Any], source: dict[str, Any], contract: TableContract
-    ) -> Decoded:
-        """A truncate under ``truncate: apply``: the flat record of a table-wide delete —
-        event id, operation ``TRUNCATE``, timestamp and LSN, no key (the validator turns it
-        into a :class:`cdcflow.plan.contract_rules.TruncateEvent`)."""
-        try:
-            found = position(source)
-        except _BadPosition as exc:
-            return Rejection("INVALID_LSN", str(exc))
-        connector = str(source["connector"])
-        position_text = found[0] if found else "none"
-        flat: dict[str, Any] = {}
-        put_path(flat, contract.event_id_field, f"dbz-{connector}-{position_text}-t")
-        put_path(flat, contract.operation_field, "TRUNCATE")
-        timestamp = _timestamp(source)
-        if timestamp is not None:
-            put_path(flat, contract.timestamp_field, timestamp)
-        if found is not None:
-            put_path(flat, contract.lsn_field, str(found[1]))
-        metadata = flat.setdefault("metadata", {})
-        if isinstance(metadata, dict):
-            schema_name = source.get("schema") or source.get("db") or ""
-            metadata.setdefault("source_table", f"{schema_name}.{source.get('table')}")
             metadata.setdefault("connector", connector)
             metadata.setdefault("position", position_text)
         return flat
