@@ -346,3 +346,40 @@ def test_cut_landing_takes_at_least_one_line_and_never_cuts_gzip(tmp_path: Path)
     assert len(first) == 1 and first[0].cut and first[0].size == 101
     assert cut_landing(files[1:], 1, 1) == files[1:]  # gzip: whole
     assert cut_landing(files, None, None) == files
+
+
+def test_a_trigger_limit_fingerprints_only_the_files_it_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog of N files costs N fingerprints in all (issue 14), not one per file and
+    trigger; the limited plan is the prefix of the full one."""
+    from cdcflow.sources import files as files_module
+
+    for n in range(6):
+        path = tmp_path / f"f{n}.jsonl"
+        path.write_bytes(_line({"n": n}))
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    now = datetime.now(UTC)
+    full_plan, _ = plan_landing(tmp_path, {}, now=now)
+    read: list[str] = []
+    real = files_module.fingerprint
+
+    def counted(path: str | Path, size: int, cut: int | None = None) -> object:
+        read.append(Path(path).name)
+        return real(path, size, cut)
+
+    monkeypatch.setattr(files_module, "fingerprint", counted)
+    limited, _ = plan_landing(tmp_path, {}, now=now, limit=2)
+    assert [f.path for f in limited] == [f.path for f in full_plan[:2]]
+    assert [f.sha256 for f in limited] == [f.sha256 for f in full_plan[:2]]
+    assert read == ["f0.jsonl", "f1.jsonl"]
+
+
+def test_a_backlog_with_one_file_per_trigger_takes_every_file_once(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    lake.config.source.max_files_per_trigger = 1
+    for n in range(4):
+        lake.write([ev(f"E{n}", f"C-{n}", "INSERT", f"0/{10 + n}", minutes_ago=50, **full())])
+    reports = lake.run()
+    assert [r.records_received for r in reports] == [1, 1, 1, 1]
+    assert set(lake.silver()) == {"C-0", "C-1", "C-2", "C-3"}

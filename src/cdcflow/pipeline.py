@@ -109,6 +109,7 @@ class Pipeline:
             self.checkpoint.taken(),
             now=now,
             min_file_age=self.config.source.min_file_age,
+            limit=max_files,
         )
         if young:
             log.info(

@@ -125,7 +125,7 @@ class CustomerIdPattern:
 
     #: Results kept per customer_id (the same ids recur in a batch); the cache starts over
     #: when full.
-    CACHE_SIZE = 1 << 16
+    CACHE_SIZE = 1 << 18
 
     def __init__(self, pattern: str) -> None:
         """Compile ``pattern``.

@@ -217,6 +217,7 @@ def plan_landing(
     now: datetime,
     min_file_age: timedelta = timedelta(0),
     new_files: bool = True,
+    limit: int | None = None,
 ) -> tuple[list[LandingFile], list[LandingFile]]:
     """Decide what of the landing folder a new micro-batch takes.
 
@@ -226,6 +227,9 @@ def plan_landing(
         now: the listing time (UTC), for ``min_file_age``.
         min_file_age: files modified more recently than this are left for a later trigger.
         new_files: False to look only at files an earlier micro-batch took (changed files).
+        limit: stop after this many files to take (``source.max_files_per_trigger``): the
+            files after them are neither read nor fingerprinted, so a backlog of N files costs
+            N fingerprints in all, not one per file and trigger (None: plan every file).
 
     Returns:
         (files to take, in (mtime, name) order, each with its range, fingerprint and
@@ -247,6 +251,8 @@ def plan_landing(
             young.append(listed)
             continue
         plan.append(item)
+        if limit is not None and len(plan) >= limit:
+            break
     return plan, young
 
 

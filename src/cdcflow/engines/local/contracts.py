@@ -602,7 +602,7 @@ class ContractTable:
             self.contract.delete_mode,
             self.app_id,
             batch_id,
-            lambda names: self._read_keys(self.tables.history, keys, names, None),
+            lambda of, names, extra: self._read_keys(self.tables.history, of, names, extra),
             events,
             self.contract,
         )

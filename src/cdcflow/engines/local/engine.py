@@ -292,7 +292,9 @@ class LocalEngine:
                 self.mode,
                 self.app_id,
                 batch_id,
-                lambda names: read_where_in(history, "customer_id", keys, names),
+                lambda of, names, extra: read_where_in(
+                    history, "customer_id", of["customer_id"].to_list(), names, extra
+                ),
                 events,
             )
         crash_point("after_history", batch_id)
