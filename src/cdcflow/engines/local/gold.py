@@ -10,6 +10,8 @@ group-bys; after a micro-batch the refresh carries the app transaction
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import polars as pl
 from deltalake import DeltaTable, write_deltalake
 
@@ -233,12 +235,12 @@ def compute_gold(
     }
 
 
-def _store(config: CdcflowConfig) -> DeltaStore:
+def gold_store(config: CdcflowConfig) -> DeltaStore:
     specs: tuple[TableSpec, ...] = (HISTORY, *GOLD_TABLES)
     return DeltaStore({s.name: config.table_uri(s.name) for s in specs}, config.storage.options)
 
 
-def _schema_differs(table: DeltaTable, spec: TableSpec) -> bool:
+def schema_differs(table: DeltaTable, spec: TableSpec) -> bool:
     """True when the Delta table's column names are not those of ``spec``."""
     return [f.name for f in table.schema().fields] != spec.schema.names
 
@@ -264,7 +266,7 @@ def refresh_gold(
     """
     specs = (HISTORY, *GOLD_TABLES)
     if store is None:
-        opened = _store(config)
+        opened = gold_store(config)
         tables = {spec.name: opened.open(spec) for spec in specs}
     else:
         tables = {spec.name: store.table(spec) for spec in specs}
@@ -295,7 +297,7 @@ def refresh_gold(
             mode="overwrite",
             # a table written by an earlier release (e.g. share/churn_rate as fractions, before
             # the *_pct columns) takes the current schema: its content is recomputed anyway
-            schema_mode="overwrite" if _schema_differs(table, spec) else None,
+            schema_mode="overwrite" if schema_differs(table, spec) else None,
             commit_properties=props,
         )
         written[spec.name] = frames[spec.name].height
@@ -306,7 +308,11 @@ def refresh_gold(
 
 
 def after_batch(
-    config: CdcflowConfig, app_id: str, batch_id: int, store: DeltaStore | None = None
+    config: CdcflowConfig,
+    app_id: str,
+    batch_id: int,
+    store: DeltaStore | None = None,
+    refresh: Callable[[], object] | None = None,
 ) -> None:
     """Post-batch hook: Gold refresh and automatic optimize, per the configured policies.
 
@@ -315,10 +321,15 @@ def after_batch(
         app_id: the pipeline's app id (Gold commits carry ``<app_id>-gold``, ``batch_id``).
         batch_id: the micro-batch just written.
         store: the local engine's store inside its pinned block (see :func:`refresh_gold`).
+        refresh: the engine's Gold refresh of this micro-batch (default: :func:`refresh_gold`
+            with Polars and delta-rs; the Spark engine computes Gold with Spark).
     """
     every = config.gold.refresh_every_batches
     if every and (batch_id + 1) % every == 0:
-        refresh_gold(config, app_id, batch_id, store)
+        if refresh is None:
+            refresh_gold(config, app_id, batch_id, store)
+        else:
+            refresh()
     every = config.maintenance.optimize_every_batches
     if every and (batch_id + 1) % every == 0:
         from cdcflow.engines.local.maintenance import optimize

@@ -473,10 +473,12 @@ class SparkEngine:
         with stage("history"):  # SCD2 timeline of the touched keys
             self._merge_history(keys, batch_id)
         crash_point("after_history", batch_id)
-        with stage("gold"):  # the Gold policy of the local engine (driver-side, small tables)
+        with stage("gold"):  # computed by Spark (engines/spark/gold.py), the local policy
             from cdcflow.engines.local.gold import after_batch
 
-            after_batch(self.config, self.app_id, batch_id)
+            after_batch(
+                self.config, self.app_id, batch_id, refresh=lambda: self._refresh_gold(batch_id)
+            )
         if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
             from cdcflow.sinks.snowflake.inline import inline_sync
 
@@ -699,6 +701,51 @@ class SparkEngine:
                 .whenNotMatchedInsert(HISTORY_UPSERT_WHEN, dict(columns))
                 .execute()
             )
+
+    def _refresh_gold(self, batch_id: int) -> dict[str, int]:
+        """Recompute every Gold table with Spark and overwrite it with delta-spark.
+
+        Each table's commit carries the app transaction ``<app_id>-gold`` (version
+        ``batch_id``) and a table that already holds it is skipped, so a re-run of a committed
+        micro-batch writes nothing twice; a crash point follows each table's commit. Only the
+        tables' versions reach the driver.
+
+        Returns:
+            Table name → Delta version written (skipped tables are absent).
+        """
+        from cdcflow.engines.local.gold import gold_store, schema_differs
+        from cdcflow.engines.spark.gold import compute_gold
+        from cdcflow.layers.gold import GOLD_TABLES
+        from cdcflow.state.faults import gold_point
+
+        gold_app = f"{self.app_id}-gold"
+        store = gold_store(self.config)
+        tables = {spec.name: store.open(spec) for spec in GOLD_TABLES}
+        todo = [s for s in GOLD_TABLES if not txn_done(tables[s.name], gold_app, batch_id)]
+        if not todo:
+            return {}
+        history = self._read(HISTORY, self.store.table(HISTORY).version())
+        frames = compute_gold(history)
+        written = {}
+        for spec in todo:
+            from pyspark.sql import functions as F
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            target = from_arrow_schema(spec.schema)
+            writer = (
+                frames[spec.name]
+                .select(*(F.col(f.name).cast(f.dataType).alias(f.name) for f in target.fields))
+                .write.format("delta")
+                .mode("overwrite")
+                .option("txnAppId", gold_app)
+                .option("txnVersion", batch_id)
+            )
+            if schema_differs(tables[spec.name], spec):  # a table of an earlier release
+                writer = writer.option("overwriteSchema", "true")
+            writer.save(self.config.table_uri(spec.name))
+            written[spec.name] = store.open(spec).version()
+            crash_point(gold_point(spec.name), batch_id)
+        return written
 
     def _merge_tombstones(
         self, events: DataFrame, processing_time: datetime, batch_id: int
