@@ -195,7 +195,7 @@ def contract_tables(contract: TableContract) -> ContractTables:
         quarantine=TableSpec(names.quarantine, quarantine),
         silver=TableSpec(names.silver, silver, configuration=CDF),
         tombstones=TableSpec(names.tombstones, tombstones),
-        history=TableSpec(names.history, history, partition_by=("is_current",), configuration=CDF),
+        history=TableSpec(names.history, history, configuration=CDF),
         outcomes=TableSpec(contract.outcomes_table, outcomes),
     )
 

@@ -602,7 +602,7 @@ class ContractTable:
             self.contract.delete_mode,
             self.app_id,
             batch_id,
-            lambda of, names, extra: self._read_keys(self.tables.history, of, names, extra),
+            lambda names: self._read_keys(self.tables.history, keys, names, None),
             events,
             self.contract,
         )

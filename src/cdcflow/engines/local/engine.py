@@ -292,9 +292,7 @@ class LocalEngine:
                 self.mode,
                 self.app_id,
                 batch_id,
-                lambda of, names, extra: read_where_in(
-                    history, "customer_id", of["customer_id"].to_list(), names, extra
-                ),
+                lambda names: read_where_in(history, "customer_id", keys, names),
                 events,
             )
         crash_point("after_history", batch_id)

@@ -183,7 +183,7 @@ def merge_history(
     mode: DeleteMode,
     app_id: str,
     batch_id: int,
-    load_stored: Callable[[pl.DataFrame, Sequence[str], pl.Expr | None], pl.DataFrame],
+    load_stored: Callable[[Sequence[str]], pl.DataFrame],
     new_events: pl.DataFrame,
     contract: TableContract = CUSTOMERS,
 ) -> int:
@@ -202,8 +202,7 @@ def merge_history(
         mode: delete mode.
         app_id: Delta app-transaction id of the pipeline.
         batch_id: micro-batch id (app-transaction version).
-        load_stored: (keys, columns, a filter or None) → those columns of the stored history
-            rows of the keys (a frame of the key columns) where the filter holds.
+        load_stored: columns → the stored history rows of ``keys``.
         new_events: the batch's first-copy events of ``keys`` (Bronze fold columns).
         contract: the table's contract (default: customers).
 
@@ -214,17 +213,15 @@ def merge_history(
         return 0
     key_names = list(contract.keys)
     names = contract_tables(contract).history.schema.names
-    # the current version holds a key's highest sequence: the current versions are read, the
-    # whole stored timeline only of the late keys
-    current = load_stored(keys, names, pl.col("is_current"))
+    stored = load_stored(names)
     first = new_events.group_by(key_names).agg(pl.col("sequence").min().alias("_first"))
-    last = current.select(*key_names, pl.col("sequence").alias("_last"))
+    last = stored.group_by(key_names).agg(pl.col("sequence").max().alias("_last"))
     late = first.join(last, on=key_names).filter(pl.col("_last") >= pl.col("_first"))
     late = late.select(key_names)
     on = [*key_names, "sequence"]
     parts: list[pl.DataFrame] = []
     if late.height:  # an event inside a timeline: recompute the key's timeline from Bronze
-        late_stored = load_stored(late, names, None)
+        late_stored = stored.join(late, on=key_names, how="semi")
         recomputed = history_frame(load_events(late), mode, contract)
         changed = recomputed.join(late_stored, on=names, how="anti", nulls_equal=True)
         gone = late_stored.join(recomputed, on=on, how="anti")
@@ -234,7 +231,9 @@ def merge_history(
         ]
     ahead = new_events.join(late, on=key_names, how="anti")
     if ahead.height:
-        base = current.join(ahead.select(key_names), on=key_names, how="semi")
+        base = stored.filter(pl.col("is_current")).join(
+            ahead.select(key_names), on=key_names, how="semi"
+        )
         fresh, closed = _continued(ahead, base, mode, contract)
         parts += [
             fresh.with_columns(pl.lit(False).alias(_FLAG)),
