@@ -116,10 +116,8 @@ class Pipeline:
                 "landing files younger than source.min_file_age held back",
                 extra={"files": len(young)},
             )
-        if not new:
+        if not new:  # at most max_files: plan_landing stops there
             return None
-        if max_files is not None:
-            new = new[:max_files]
         source = self.config.source
         new = cut_landing(new, source.max_records_per_trigger, source.max_bytes_per_trigger)
         last = self.checkpoint.last_batch()

@@ -702,17 +702,17 @@ class SparkEngine:
                 .execute()
             )
 
-    def _refresh_gold(self, batch_id: int) -> dict[str, int]:
+    def _refresh_gold(self, batch_id: int) -> None:
         """Recompute every Gold table with Spark and overwrite it with delta-spark.
 
         Each table's commit carries the app transaction ``<app_id>-gold`` (version
         ``batch_id``) and a table that already holds it is skipped, so a re-run of a committed
-        micro-batch writes nothing twice; a crash point follows each table's commit. Only the
-        tables' versions reach the driver.
-
-        Returns:
-            Table name → Delta version written (skipped tables are absent).
+        micro-batch writes nothing twice; a crash point follows each table's commit. Nothing
+        proportional to the data reaches the driver.
         """
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         from cdcflow.engines.local.gold import gold_store, schema_differs
         from cdcflow.engines.spark.gold import compute_gold
         from cdcflow.layers.gold import GOLD_TABLES
@@ -723,14 +723,10 @@ class SparkEngine:
         tables = {spec.name: store.open(spec) for spec in GOLD_TABLES}
         todo = [s for s in GOLD_TABLES if not txn_done(tables[s.name], gold_app, batch_id)]
         if not todo:
-            return {}
+            return
         history = self._read(HISTORY, self.store.table(HISTORY).version())
         frames = compute_gold(history)
-        written = {}
         for spec in todo:
-            from pyspark.sql import functions as F
-            from pyspark.sql.pandas.types import from_arrow_schema
-
             target = from_arrow_schema(spec.schema)
             writer = (
                 frames[spec.name]
@@ -743,9 +739,7 @@ class SparkEngine:
             if schema_differs(tables[spec.name], spec):  # a table of an earlier release
                 writer = writer.option("overwriteSchema", "true")
             writer.save(self.config.table_uri(spec.name))
-            written[spec.name] = store.open(spec).version()
             crash_point(gold_point(spec.name), batch_id)
-        return written
 
     def _merge_tombstones(
         self, events: DataFrame, processing_time: datetime, batch_id: int
