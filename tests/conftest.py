@@ -88,13 +88,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
+#: Services a test fixture started, stopped when the whole run ends: one line of JSON per stop
+#: command (``{"argv": [...], "env": {...}}``). Under xdist each worker has its own session,
+#: and a worker whose session ends first must not stop a broker or server that the tests of
+#: another worker still use; so the stops run once, in the controller's
+#: :func:`pytest_sessionfinish` (in a run without xdist: the one process's).
+STOPS_FILE = REPO / ".pytest-service-stops"
+
+
+def stop_after_run(argv: list[str], env: dict[str, str]) -> None:
+    """Have the controller run ``argv`` (in the repository, with the ``CDCFLOW_*`` variables of
+    ``env``) when the test run ends."""
+    kept = {k: v for k, v in env.items() if k.startswith("CDCFLOW_")}
+    with STOPS_FILE.open("a") as out:
+        out.write(json.dumps({"argv": argv, "env": kept}) + "\n")
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller forgets the stops of an earlier run that did not reach its end."""
+    if _is_controller(session.config):
+        STOPS_FILE.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller stops what the fixtures started (Connect before its broker: last first)."""
+    if not _is_controller(session.config) or not STOPS_FILE.exists():
+        return
+    stops = [json.loads(line) for line in STOPS_FILE.read_text().splitlines() if line]
+    STOPS_FILE.unlink(missing_ok=True)
+    for stop in reversed(stops):
+        subprocess.run(
+            stop["argv"], env={**os.environ, **stop["env"]}, cwd=REPO,
+            capture_output=True, timeout=180, check=False,
+        )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """The local PostgreSQL of ``scripts/postgres`` (port ``$CDCFLOW_PG_PORT``, default 55432,
     data ``$CDCFLOW_PG_DATA``, default ``<repo>/.pgdata``); yields the admin DSN.
 
     Reuses a running server (``make test`` starts one with ``scripts/with-services.sh``);
-    otherwise starts it and stops it at the end of the session, deleting its data folder when
+    otherwise starts it and stops it at the end of the test run, deleting its data folder when
     this fixture created it (start.sh may have put it under /var/tmp). Fails — never skips —
     when the server cannot start, with start.sh's reason (e.g. wal2json not installed).
     """
@@ -113,16 +152,15 @@ def pg_server() -> Iterator[str]:
         f"PostgreSQL did not start (`make test` installs it with scripts/postgres/install.sh):"
         f"\n{done.stdout}\n{done.stderr}"
     )
-    yield done.stdout.strip().splitlines()[-1]
     if "postgres: started" in done.stdout:
-        stop = ["bash", str(REPO / "scripts/postgres/stop.sh"), *(["--purge"] if created else [])]
-        subprocess.run(stop, env=env, capture_output=True, timeout=120, check=False)
+        stop_after_run(["bash", "scripts/postgres/stop.sh", *(["--purge"] if created else [])], env)
+    yield done.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[str]:
     """The broker of ``scripts/kafka/start.sh`` (installed from Maven on first use); stopped at
-    the end of the session when this fixture started it. Fails — never skips — when it cannot
+    the end of the test run when this fixture started it. Fails — never skips — when it cannot
     start."""
     env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
     done = subprocess.run(
@@ -135,34 +173,24 @@ def kafka_broker() -> Iterator[str]:
         cwd=REPO,
     )
     assert done.returncode == 0, f"Kafka did not start:\n{done.stdout}\n{done.stderr}"
-    yield BOOTSTRAP
     if "kafka: started" in done.stdout:
-        subprocess.run(
-            ["bash", str(REPO / "scripts/kafka/stop.sh")],
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-            cwd=REPO,
-        )
+        stop_after_run(["bash", "scripts/kafka/stop.sh"], env)
+    yield BOOTSTRAP
 
 
 @pytest.fixture(scope="session")
 def kafka_connect(kafka_broker: str) -> Iterator[str]:
     """Kafka Connect standalone with the Debezium PostgreSQL plugin (``start.sh --connect``);
-    only Connect is stopped at the end when this fixture started it."""
+    only Connect is stopped at the end of the run when this fixture started it."""
     env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
     done = subprocess.run(
         ["bash", str(REPO / "scripts/kafka/start.sh"), "--connect"],
         env=env, capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, f"Kafka Connect did not start:\n{done.stdout}\n{done.stderr}"
-    yield "127.0.0.1:38083"
     if "connect: started" in done.stdout:
-        subprocess.run(
-            ["bash", str(REPO / "scripts/kafka/stop.sh"), "--connect"],
-            env=env, capture_output=True, timeout=120, check=False, cwd=REPO,
-        )  # fmt: skip
+        stop_after_run(["bash", "scripts/kafka/stop.sh", "--connect"], env)
+    yield "127.0.0.1:38083"
 
 
 def require_spark() -> None:

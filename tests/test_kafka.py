@@ -16,10 +16,12 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.reference import fold_changes
 from cdcflow.plan.routing import Router
-from tests.conftest import BOOTSTRAP, KAFKA_PORT, REPO
+from tests.conftest import BOOTSTRAP, REPO
 from tests.test_formats import (
     ACCOUNT_FIELDS,
     NOW,
@@ -51,10 +53,10 @@ from tests.test_formats import ACCOUNTS as ACCOUNTS_CONTRACT
 pytestmark = pytest.mark.kafka
 
 
-def create_topic(name: str, partitions: int) -> None:
+def create_topic(name: str, partitions: int, bootstrap: str = BOOTSTRAP) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30)
     for future in futures.values():
         future.result(timeout=60)
@@ -76,18 +78,22 @@ def add_partitions(name: str, total: int) -> None:
         future.result(timeout=60)
 
 
-def produce(records: list[tuple[str, int | None, bytes | None]]) -> None:
+def produce(
+    records: list[tuple[str, int | None, bytes | None]], bootstrap: str = BOOTSTRAP
+) -> None:
     """(topic, partition or None for the default partitioner, value) in order."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for topic, partition, value in records:
         kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
         producer.produce(topic, value=value, **kwargs)
     assert producer.flush(60) == 0
 
 
-def write_config(root: Path, prefix: str, **kafka: Any) -> CdcflowConfig:
+def write_config(
+    root: Path, prefix: str, bootstrap: str = BOOTSTRAP, **kafka: Any
+) -> CdcflowConfig:
     tables = [
         ACCOUNTS_CONTRACT.model_dump(mode="json", exclude_defaults=True),
         {**ORDERS.model_dump(mode="json", exclude_defaults=True), "truncate": "ignore"},
@@ -101,7 +107,7 @@ def write_config(root: Path, prefix: str, **kafka: Any) -> CdcflowConfig:
             "path": str(root / "landing"),
             "max_records_per_trigger": kafka.pop("max_records", 25),
             "kafka": {
-                "bootstrap_servers": BOOTSTRAP,
+                "bootstrap_servers": bootstrap,
                 "topic_pattern": rf"{prefix}\.public\..*",
                 "poll_timeout": "20s",
                 **kafka,
@@ -144,10 +150,10 @@ def workload(prefix: str, seed: int, count: int) -> list[tuple[str, int | None, 
     return records
 
 
-def topics(prefix: str, accounts_partitions: int = 3) -> None:
-    create_topic(f"{prefix}.public.accounts", accounts_partitions)
-    create_topic(f"{prefix}.public.orders", 1)
-    create_topic(f"{prefix}.public.nobody", 1)
+def topics(prefix: str, accounts_partitions: int = 3, bootstrap: str = BOOTSTRAP) -> None:
+    create_topic(f"{prefix}.public.accounts", accounts_partitions, bootstrap)
+    create_topic(f"{prefix}.public.orders", 1, bootstrap)
+    create_topic(f"{prefix}.public.nobody", 1, bootstrap)
 
 
 def rows(config: CdcflowConfig, name: str) -> list[dict[str, Any]]:
@@ -173,11 +179,11 @@ def _position(line: str) -> tuple[str, int, int]:
     return head["topic"], head["partition"], head["offset"]
 
 
-def in_kafka(prefix: str) -> list[tuple[str, int, int]]:
+def in_kafka(prefix: str, bootstrap: str = BOOTSTRAP) -> list[tuple[str, int, int]]:
     """(topic, partition, offset) of every record of the prefix's topics."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"check-{uuid.uuid4()}"})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}"})
     out = []
     try:
         for name, topic in consumer.list_topics(timeout=10).topics.items():
@@ -302,13 +308,50 @@ def cli(config: CdcflowConfig, crash_at: str | None = None) -> subprocess.Popen[
     )
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def kafka_script(name: str, env: dict[str, str]) -> str:
+    """Run ``scripts/kafka/<name>``; its output, or a failure with its output."""
+    done = subprocess.run(
+        ["bash", f"scripts/kafka/{name}"], cwd=REPO, env={**os.environ, **env},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{name} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture
+def own_broker(kafka_broker: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A broker of this test's own (``scripts/kafka/start.sh`` with another home and ports, the
+    jars of the shared one), for a test that stops it: the shared broker serves the tests of
+    the other xdist workers meanwhile. Yields the scripts' environment; stopped afterwards."""
+    home = tmp_path / "kafka"
+    home.mkdir()
+    shared = Path(os.environ.get("CDCFLOW_KAFKA_HOME", REPO / ".kafka"))
+    (home / "lib").symlink_to(shared.resolve() / "lib")  # installed by kafka_broker's start
+    env = {"CDCFLOW_KAFKA_HOME": str(home), "CDCFLOW_KAFKA_PORT": str(free_port()),
+           "CDCFLOW_KAFKA_CONTROLLER_PORT": str(free_port())}  # fmt: skip
+    kafka_script("start.sh", env)
+    try:
+        yield env
+    finally:
+        kafka_script("stop.sh", env)
+
+
 @pytest.mark.slow
-def test_kill_9_while_consuming_and_a_broker_restart(kafka_broker: str, tmp_path: Path) -> None:
+def test_kill_9_while_consuming_and_a_broker_restart(
+    own_broker: dict[str, str], tmp_path: Path
+) -> None:
+    bootstrap = f"127.0.0.1:{own_broker['CDCFLOW_KAFKA_PORT']}"
     prefix = f"k{uuid.uuid4().hex[:8]}"
-    topics(prefix)
+    topics(prefix, bootstrap=bootstrap)
     values = workload(prefix, seed=3, count=90)
-    produce(values)
-    config = write_config(tmp_path, prefix, max_records=20)
+    produce(values, bootstrap)
+    config = write_config(tmp_path, prefix, bootstrap, max_records=20)
     # at the source's crash points, then at other points of a batch
     for point in ("after_source_plan@0", "after_source_staged@0", "after_offsets@1",
                   "after_source_plan@2", "after_silver_merge@2", "after_commit@3"):  # fmt: skip
@@ -323,21 +366,18 @@ def test_kill_9_while_consuming_and_a_broker_restart(kafka_broker: str, tmp_path
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
     # the broker restarts mid-run: a run fails while it is down, and recovers after
-    env = {**os.environ, "CDCFLOW_KAFKA_PORT": str(KAFKA_PORT)}
-    subprocess.run(["bash", "scripts/kafka/stop.sh"], cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    kafka_script("stop.sh", own_broker)
     try:
         child = cli(config)
         _, err = child.communicate(timeout=300)
         assert child.returncode == 1 and "Kafka" in err, err
         assert "Traceback" not in err
-    finally:  # the whole stack again: stop.sh stopped Kafka Connect too
-        subprocess.run(["bash", "scripts/kafka/start.sh", "--connect"], cwd=REPO, env=env,
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
+    finally:
+        kafka_script("start.sh", own_broker)
     child = cli(config)
     _, err = child.communicate(timeout=600)
     assert child.returncode == 0, err
-    assert delivered(config) == in_kafka(prefix)
+    assert delivered(config) == in_kafka(prefix, bootstrap)
     for name in ("bronze/accounts_events", "bronze/orders_events"):
         assert not any(r["is_duplicate"] for r in rows(config, name)), name
     assert_silver(config, expected(config, values))
