@@ -193,6 +193,17 @@ def kafka_connect(kafka_broker: str) -> Iterator[str]:
     yield "127.0.0.1:38083"
 
 
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[dict[str, Any]]:
+    """The fakesnow HTTP server on a free port of 127.0.0.1, in memory, for the whole session
+    (of one xdist worker)."""
+    from cdcflow.sinks.snowflake.connection import start_emulator, stop_emulator
+
+    kwargs = start_emulator(":memory:")
+    yield kwargs
+    stop_emulator()
+
+
 def require_spark() -> None:
     """Fail (never skip) when the Spark extra is missing: a skipped Spark test would let a
     Spark regression pass unseen. ``make test`` installs it."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
@@ -17,7 +16,7 @@ from typer.testing import CliRunner
 from cdcflow.config import SnowflakeSection
 from cdcflow.errors import ConfigError
 from cdcflow.plan.reference import SILVER_COLUMNS
-from cdcflow.sinks.snowflake.connection import connect, start_emulator, stop_emulator
+from cdcflow.sinks.snowflake.connection import connect
 from cdcflow.sinks.snowflake.faults import (
     BULK_POINTS,
     ENV_VAR,
@@ -30,14 +29,6 @@ from cdcflow.sinks.snowflake.sync import NEVER_SYNCED, sync_snowflake
 from tests.conftest import Lake, ev, full
 
 _db_numbers = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def emulator() -> Iterator[dict[str, Any]]:
-    """The fakesnow HTTP server on a free port of 127.0.0.1, in memory, for the whole session."""
-    kwargs = start_emulator(":memory:")
-    yield kwargs
-    stop_emulator()
 
 
 def _attach(lake: Lake, **settings: Any) -> Lake:

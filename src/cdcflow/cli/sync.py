@@ -93,10 +93,13 @@ def snowflake(
         raise ConfigError(f"--interval: {exc}") from None
     cfg = load(config, declared_tables=True)
     stop = threading.Event()
+    from cdcflow.engines import sync_file_writer
+
+    writer = sync_file_writer(cfg)  # pipeline.engine: spark: the rows written by Spark
 
     def once(refresh: bool) -> None:
         def work() -> SyncReport:
-            report = sync_snowflake(cfg, full=refresh)
+            report = sync_snowflake(cfg, full=refresh, writer=writer)
             record_sync(cfg, report, None, "continuous" if continuous else "once")
             return report
 

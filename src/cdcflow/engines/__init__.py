@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig
     from cdcflow.pipeline import Trigger
     from cdcflow.report import BatchReport
+    from cdcflow.sinks.snowflake.sync import SyncFileWriter
     from cdcflow.state.checkpoint import BatchOffsets
 
 
@@ -61,3 +62,19 @@ def get_engine(config: CdcflowConfig) -> Engine:
         f"pipeline.engine: engine {config.pipeline.engine!r} is not available yet "
         "(only 'local' is implemented)"
     )
+
+
+def sync_file_writer(config: CdcflowConfig) -> SyncFileWriter | None:
+    """What writes a Snowflake sync's rows for ``pipeline.engine``: the Spark engine's executors
+    (:class:`~cdcflow.engines.spark.snowflake.SparkSyncFiles`, a session started or reused);
+    None for the local engine (the sync reads Delta itself).
+
+    Raises:
+        MissingDependencyError: ``spark`` without the Spark extra or the Delta jars.
+    """
+    if config.pipeline.engine != "spark":
+        return None
+    from cdcflow.engines.spark.session import get_session
+    from cdcflow.engines.spark.snowflake import SparkSyncFiles
+
+    return SparkSyncFiles(get_session(config.spark), config)

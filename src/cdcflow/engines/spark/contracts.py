@@ -466,9 +466,11 @@ class SparkContractsEngine(SparkEngine):
             for contract, table_report in zip(self.contracts, reports, strict=True):
                 self._run_table(contract, routed, offsets, table_report, report)
         if self.config.snowflake.mode == "inline":  # each table's Silver -> Snowflake
+            from cdcflow.engines.spark.snowflake import SparkSyncFiles
             from cdcflow.sinks.snowflake.inline import inline_sync
 
-            inline_sync(self.config, report)
+            # the change set computed by Spark, written as Parquet by the executors
+            inline_sync(self.config, report, SparkSyncFiles(self.spark, self.config))
         with report.stage("audit"):
             pt = F.lit(offsets.processing_time).cast("timestamp")
             unrouted = routed.filter(

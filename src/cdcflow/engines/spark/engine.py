@@ -480,9 +480,11 @@ class SparkEngine:
                 self.config, self.app_id, batch_id, refresh=lambda: self._refresh_gold(batch_id)
             )
         if self.config.snowflake.mode == "inline":  # Silver -> Snowflake, lag into batch_log
+            from cdcflow.engines.spark.snowflake import SparkSyncFiles
             from cdcflow.sinks.snowflake.inline import inline_sync
 
-            inline_sync(self.config, report)
+            # the change set computed by Spark, written as Parquet by the executors
+            inline_sync(self.config, report, SparkSyncFiles(self.spark, self.config))
 
         with stage("audit"):
             outcomes = outcome_frame(

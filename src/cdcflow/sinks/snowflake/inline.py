@@ -25,7 +25,7 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
 from cdcflow.signals import off_main_thread
-from cdcflow.sinks.snowflake.sync import SyncReport, sync_snowflake
+from cdcflow.sinks.snowflake.sync import SyncFileWriter, SyncReport, sync_snowflake
 
 log = get_logger("snowflake.inline")
 
@@ -97,7 +97,9 @@ def record_sync(
     )
 
 
-def inline_sync(config: CdcflowConfig, report: BatchReport) -> None:
+def inline_sync(
+    config: CdcflowConfig, report: BatchReport, writer: SyncFileWriter | None = None
+) -> None:
     """``snowflake.mode: inline``: synchronize after the micro-batch's Silver commits (every
     engine calls this before its audit commit) and put the sync lag in the batch's report.
 
@@ -107,10 +109,12 @@ def inline_sync(config: CdcflowConfig, report: BatchReport) -> None:
         report: the micro-batch's report; ``snowflake_sync_lag_s`` is set to the lag of
             ``DIM_CUSTOMER_CURRENT`` (customers) or the largest lag of the declared tables'
             Snowflake tables (seconds; None when the sync failed or had no lag to measure).
+        writer: the engine that writes the rows to load as Parquet files (the Spark
+            engine's); None: read by the sync with delta-rs.
     """
     if config.snowflake.mode != "inline":
         return
-    synced = sync_after_batch(config, report)
+    synced = sync_after_batch(config, report, writer)
     if synced is None:
         return
     if config.tables:
@@ -120,12 +124,15 @@ def inline_sync(config: CdcflowConfig, report: BatchReport) -> None:
         report.snowflake_sync_lag_s = synced.dim.lag_s
 
 
-def sync_after_batch(config: CdcflowConfig, report: BatchReport) -> SyncReport | None:
+def sync_after_batch(
+    config: CdcflowConfig, report: BatchReport, writer: SyncFileWriter | None = None
+) -> SyncReport | None:
     """Synchronize Snowflake after a committed micro-batch and record the sync lag.
 
     Args:
         config: the pipeline configuration (``snowflake.mode`` should be ``inline``).
         report: the micro-batch's report; ``stage_seconds['snowflake_sync']`` is set.
+        writer: as :func:`inline_sync`'s.
 
     Returns:
         The sync report, or None when the sync failed (logged with its error type).
@@ -134,7 +141,7 @@ def sync_after_batch(config: CdcflowConfig, report: BatchReport) -> SyncReport |
     try:
         # off the main thread: the connector's SIGINT handler (cancel, KeyboardInterrupt)
         # must not replace the continuous run's clean stop (cdcflow.signals.off_main_thread)
-        result = off_main_thread(lambda: sync_snowflake(config))
+        result = off_main_thread(lambda: sync_snowflake(config, writer=writer))
         record_sync(config, result, report.batch_id)
     except Exception as exc:  # the batch is committed; the next sync catches up
         log.error(

@@ -31,7 +31,8 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import polars as pl
 import pyarrow as pa
@@ -39,7 +40,7 @@ from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import read_arrow
-from cdcflow.errors import CdcflowError, TableError
+from cdcflow.errors import CdcflowError, ConfigError, TableError
 from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.connection import connect, target_of
 from cdcflow.sinks.snowflake.faults import fail_point
@@ -84,6 +85,8 @@ class TableSyncReport:
         median_event_at / early_event_at: an incremental sync's upserted rows' source event
             times (``last_updated_at``): the median and the 5th percentile (None: a full sync,
             a Gold copy, or no upserted row) — the event-time lags below.
+        sync_id: the attempt's id (its stage rows' ``SYNC_ID``, the state row's); empty for a
+            no-op.
     """
 
     target: str
@@ -100,6 +103,7 @@ class TableSyncReport:
     load_method: str = ""
     median_event_at: datetime | None = None
     early_event_at: datetime | None = None
+    sync_id: str = ""
 
     @property
     def lag_s(self) -> float | None:
@@ -198,6 +202,81 @@ class SyncReport:
     def dim(self) -> TableSyncReport:
         """The ``DIM_CUSTOMER_CURRENT`` report."""
         return self.tables[0]
+
+
+# ---------------------------------------------------------------- engine-written files
+
+
+@dataclass
+class WrittenFiles:
+    """Parquet files an engine wrote for one sync (:class:`SyncFileWriter`).
+
+    Attributes:
+        files: the Parquet files, each ``PUT`` to the stage as it is (local paths).
+        rows: rows in all of them (from their footers).
+        median_event_at / early_event_at: as :class:`TableSyncReport`'s (None: not measured).
+    """
+
+    files: list[Path]
+    rows: int
+    median_event_at: datetime | None = None
+    early_event_at: datetime | None = None
+
+
+class SyncFileWriter(Protocol):
+    """An engine that computes a sync's rows and writes them as Parquet files itself, so that
+    the process running the sync only stages and loads files (the Spark engine: Silver's
+    Change Data Feed reduced by Spark, the files written by its executors).
+
+    Each method writes into ``folder`` (which does not exist yet; the caller removes it) and
+    returns the files; the columns are the stage's (``SYNC_ID``, ``LOADED_AT``,
+    ``CHANGE_KIND`` and the public columns in upper case) for Silver, the table's own (upper
+    case) for a Gold copy.
+    """
+
+    def changes(
+        self, target: SyncTarget, from_version: int, to_version: int, stamp: StageStamp,
+        folder: Path,
+    ) -> WrittenFiles:  # fmt: skip
+        """Silver's CDF for versions ``from_version+1 .. to_version`` as :func:`read_changes`
+        reduces it (one row per key); raises when the CDF cannot be read."""
+        ...
+
+    def snapshot(
+        self, target: SyncTarget, version: int, stamp: StageStamp, folder: Path
+    ) -> WrittenFiles:
+        """Silver's public columns at ``version`` as ``UPSERT`` rows (a full refresh)."""
+        ...
+
+    def table(self, name: str, version: int, folder: Path) -> WrittenFiles:
+        """Every row of the Delta table ``name`` at ``version`` (a Gold copy)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StageStamp:
+    """The constant stage columns of one sync attempt: ``SYNC_ID`` and ``LOADED_AT`` (UTC)."""
+
+    sync_id: str
+    loaded_at: datetime
+
+
+def files_folder(config: CdcflowConfig, sync_id: str) -> Path:
+    """Where an engine writes a sync attempt's files: ``<storage.root>/_snowflake_files/
+    <sync_id>`` (the storage root is the path every Spark executor and the driver see).
+
+    Raises:
+        ConfigError: ``storage.root`` is an object-store URI (the files are ``PUT`` from a
+            local path).
+    """
+    if "://" in config.storage.root:
+        scheme = config.storage.root.split("://", 1)[0]
+        raise ConfigError(
+            f"storage.root in {config.file or 'the config'}: the Spark engine's Snowflake sync "
+            f"PUTs the Parquet files its executors write from a local or mounted storage root, "
+            f"not {scheme}:// (sync with pipeline.engine: local instead)"
+        )
+    return Path(config.storage.root).resolve() / "_snowflake_files" / sync_id
 
 
 # ---------------------------------------------------------------- helpers
@@ -443,6 +522,30 @@ def _bulk_load_stage(
     return total
 
 
+def _load_written(
+    config: CdcflowConfig,
+    cur: Any,
+    sync_id: str,
+    written: WrittenFiles,
+    fail_at: str | None,
+    target: SyncTarget,
+) -> int:
+    """:func:`_bulk_load_stage` for files an engine wrote: ``PUT`` them, one ``COPY INTO``
+    the stage table; the rows loaded."""
+    path = _put_written(config, cur, sync_id, target.stage, written)
+    fail_point("after_put", fail_at)
+    if written.files:
+        _execute(cur, _copy_sql(target.stage, path))
+    fail_point("after_copy", fail_at)
+    total = int(
+        _execute(
+            cur, f"SELECT COUNT(*) FROM {target.stage} WHERE SYNC_ID = %s", (sync_id,)
+        ).fetchone()[0]
+    )
+    _remove(cur, path)
+    return total
+
+
 def _arrow_chunks(table: pa.Table, rows: int) -> Iterator[pa.Table]:
     for start in range(0, table.num_rows, rows):
         yield table.slice(start, rows)
@@ -472,23 +575,41 @@ def _put_files(
 
     import pyarrow.parquet as pq
 
-    stage = config.snowflake.stage or DEFAULT_STAGE
-    if not config.snowflake.stage:
-        _execute(cur, f"CREATE STAGE IF NOT EXISTS {DEFAULT_STAGE}")
-    path = f"@{stage}/{table.lower()}/{sync_id}"
+    path = _stage_path(config, cur, sync_id, table)
     folder = Path(tempfile.mkdtemp(prefix="cdcflow-sf-"))
     number = -1
     try:
         for number, part in enumerate(parts):
             file = folder / f"part-{number:05d}.parquet"
             pq.write_table(part, file)
-            _execute(
-                cur, f"PUT 'file://{file.as_posix()}' {path} AUTO_COMPRESS=FALSE OVERWRITE=TRUE"
-            )
+            _put(cur, file, path)
             file.unlink()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return path, number + 1
+
+
+def _stage_path(config: CdcflowConfig, cur: Any, sync_id: str, table: str) -> str:
+    """``@<stage>/<table>/<sync_id>``: an attempt's own path (the default stage created)."""
+    stage = config.snowflake.stage or DEFAULT_STAGE
+    if not config.snowflake.stage:
+        _execute(cur, f"CREATE STAGE IF NOT EXISTS {DEFAULT_STAGE}")
+    return f"@{stage}/{table.lower()}/{sync_id}"
+
+
+def _put(cur: Any, file: Path, path: str) -> None:
+    _execute(cur, f"PUT 'file://{file.as_posix()}' {path} AUTO_COMPRESS=FALSE OVERWRITE=TRUE")
+
+
+def _put_written(
+    config: CdcflowConfig, cur: Any, sync_id: str, table: str, written: WrittenFiles
+) -> str:
+    """``PUT`` the files an engine wrote (:class:`SyncFileWriter`) to the attempt's stage
+    path, as :func:`_put_files` does with its own; the path."""
+    path = _stage_path(config, cur, sync_id, table)
+    for file in written.files:
+        _put(cur, file, path)
+    return path
 
 
 def _remove(cur: Any, path: str) -> None:
@@ -590,6 +711,7 @@ def sync_dim(
     full: bool = False,
     fail_at: str | None = None,
     target: SyncTarget = CUSTOMERS_TARGET,
+    writer: SyncFileWriter | None = None,
 ) -> TableSyncReport:
     """Synchronize a Silver table to its Snowflake table (see the module docstring).
 
@@ -599,6 +721,9 @@ def sync_dim(
         fail_at: failure injection point (tests), see :mod:`cdcflow.sinks.snowflake.faults`.
         target: the Silver table and its Snowflake table (default: ``silver/customers`` →
             ``DIM_CUSTOMER_CURRENT``; a declared table's: :func:`contract_target`).
+        writer: the engine that writes the change set as Parquet files (always the bulk
+            load: nothing of the data passes through this process); None: read here with
+            delta-rs and Polars.
 
     Returns:
         The table report.
@@ -620,6 +745,10 @@ def sync_dim(
             kind = "full"
         elif synced == current:
             return TableSyncReport(target.table, source, "noop", synced, current)
+        if writer is not None:
+            report = _sync_written(config, cur, silver, writer, kind, synced, target, fail_at)
+            _finish_dim(config, cur, report, fail_at, target)
+            return report
         changes: pl.DataFrame | None = None
         if kind == "incremental":
             assert synced is not None
@@ -650,14 +779,70 @@ def sync_dim(
             chunk = config.snowflake.load_chunk_rows
             report.staged = _load_stage(cur, sync_id, changes, chunk, target)
             report.load_method = "bind"
-        fail_point("after_load", fail_at)
-        _commit_dim(config, report, sync_id, fail_at, target)
-        fail_point("after_commit", fail_at)
-        _execute(
-            cur,
-            f"DELETE FROM {target.stage} WHERE SYNC_ID = %s OR LOADED_AT < %s",
-            (sync_id, datetime.now(UTC) - _STAGE_RETENTION),
-        )
+        report.sync_id = sync_id
+        _finish_dim(config, cur, report, fail_at, target)
+    return report
+
+
+def _finish_dim(
+    config: CdcflowConfig, cur: Any, report: TableSyncReport, fail_at: str | None,
+    target: SyncTarget,
+) -> None:  # fmt: skip
+    """After the stage is loaded: the commit, then the attempt's (and old) stage rows removed."""
+    fail_point("after_load", fail_at)
+    _commit_dim(config, report, report.sync_id, fail_at, target)
+    fail_point("after_commit", fail_at)
+    _execute(
+        cur,
+        f"DELETE FROM {target.stage} WHERE SYNC_ID = %s OR LOADED_AT < %s",
+        (report.sync_id, datetime.now(UTC) - _STAGE_RETENTION),
+    )
+
+
+def _sync_written(
+    config: CdcflowConfig,
+    cur: Any,
+    silver: DeltaTable,
+    writer: SyncFileWriter,
+    kind: SyncKind,
+    synced: int | None,
+    target: SyncTarget,
+    fail_at: str | None,
+) -> TableSyncReport:
+    """The stage loaded from the files ``writer`` wrote (the change set, or the snapshot of a
+    full refresh or of an unreadable CDF); the report, before the commit."""
+    import shutil
+
+    current = silver.version()
+    sync_id = uuid.uuid4().hex
+    stamp = StageStamp(sync_id, datetime.now(UTC))
+    folder = files_folder(config, sync_id)
+    try:
+        written = None
+        if kind == "incremental":
+            assert synced is not None
+            try:
+                written = writer.changes(target, synced, current, stamp, folder)
+            except Exception as exc:  # CDF files vacuumed or not recorded for a version
+                log.warning(
+                    "Silver change data feed unreadable, falling back to a full refresh",
+                    extra={"from_version": synced, "error_type": type(exc).__name__},
+                )
+                kind = "full"
+                shutil.rmtree(folder, ignore_errors=True)
+        if written is None:
+            written = writer.snapshot(target, current, stamp, folder)
+        report = TableSyncReport(target.table, "", kind, synced, current)
+        report.source = f"{target.silver}#{silver.metadata().id}"
+        report.source_committed_at = _commit_time(silver, current)
+        report.median_event_at, report.early_event_at = (
+            written.median_event_at, written.early_event_at,
+        )  # fmt: skip
+        report.sync_id = sync_id
+        report.staged = _load_written(config, cur, sync_id, written, fail_at, target)
+        report.load_method = "bulk"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return report
 
 
@@ -713,6 +898,7 @@ def sync_gold_table(
     target_table: str,
     full: bool = False,
     setup: Any = None,
+    writer: SyncFileWriter | None = None,
 ) -> TableSyncReport:
     """Copy one Gold table to ``target_table`` in full when its Delta version changed.
 
@@ -723,15 +909,17 @@ def sync_gold_table(
         full: copy even when the version was synchronized.
         setup: an open autocommit connection whose state table exists (:func:`sync_gold`
             shares one between the Gold tables); None: one of its own.
+        writer: the engine that writes the table's rows as Parquet files (the bulk load);
+            None: read here with delta-rs.
 
     Raises:
         TableError: the table cannot be opened or has a column type without Snowflake mapping.
     """
     gold = open_delta(config, name)
     version = gold.version()
-    data = read_arrow(gold)
+    schema = pa.schema(gold.schema().to_arrow())  # the log's schema: no data read for a no-op
     try:
-        cols = [(f.name.upper(), arrow_to_sf(f.type)) for f in data.schema]
+        cols = [(f.name.upper(), arrow_to_sf(f.type)) for f in schema]
     except TypeError as exc:
         raise TableError(f"{name}: {exc}") from None
     columns_ddl = ", ".join(f"{c} {t}" for c, t in cols)
@@ -757,19 +945,35 @@ def sync_gold_table(
     report.source_committed_at = _commit_time(gold, version)
     sync_id = uuid.uuid4().hex
     path = None
-    if use_bulk(config, data.num_rows):  # the files staged first; the copy in the transaction
-        with connect(config) as conn:
-            path, _ = _put_files(
-                config,
-                conn.cursor(),
-                sync_id,
-                target_table,
-                _arrow_chunks(data, config.snowflake.bulk_file_rows),
-            )
+    rows: list[tuple[Any, ...]] = []
+    if writer is not None:  # the engine's files staged first; the copy in the transaction
+        import shutil
+
+        folder = files_folder(config, sync_id)
+        try:
+            written = writer.table(name, version, folder)
+            with connect(config) as conn:
+                path = _put_written(config, conn.cursor(), sync_id, target_table, written)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        count = written.rows
         report.load_method = "bulk"
     else:
-        report.load_method = "bind"
-    rows = [] if path is not None else [tuple(r.values()) for r in data.to_pylist()]
+        data = read_arrow(gold)
+        count = data.num_rows
+        if use_bulk(config, count):  # the files staged first; the copy in the transaction
+            with connect(config) as conn:
+                path, _ = _put_files(
+                    config,
+                    conn.cursor(),
+                    sync_id,
+                    target_table,
+                    _arrow_chunks(data, config.snowflake.bulk_file_rows),
+                )
+            report.load_method = "bulk"
+        else:
+            report.load_method = "bind"
+            rows = [tuple(r.values()) for r in data.to_pylist()]
     insert = (
         f"INSERT INTO {target_table} ({', '.join(c for c, _ in cols)}) "
         f"VALUES ({', '.join(['%s'] * len(cols))})"
@@ -779,7 +983,7 @@ def sync_gold_table(
         try:
             _execute(cur, f"DELETE FROM {target_table}")
             report.deleted = max(int(cur.rowcount or 0), 0)
-            if path is not None and data.num_rows:
+            if path is not None and count:
                 _execute(cur, _copy_sql(target_table, path))
             for chunk in _chunks(rows, config.snowflake.load_chunk_rows):
                 cur.executemany(insert, chunk)
@@ -788,20 +992,25 @@ def sync_gold_table(
         except BaseException:
             tx.rollback()
             raise
-    report.staged = report.inserted = data.num_rows
+    report.staged = report.inserted = count
+    report.sync_id = sync_id
     report.synced_at = datetime.now(UTC)
     return report
 
 
-def sync_gold(config: CdcflowConfig, full: bool = False) -> list[TableSyncReport]:
-    """Copy every existing Gold table (``GOLD_TABLES``) to its ``AGG_*`` table."""
+def sync_gold(
+    config: CdcflowConfig, full: bool = False, writer: SyncFileWriter | None = None
+) -> list[TableSyncReport]:
+    """Copy every existing Gold table (``GOLD_TABLES``) to its ``AGG_*`` table (``writer``: as
+    :func:`sync_gold_table`)."""
     present = {n: t for n, t in GOLD_TABLES.items() if gold_table_exists(config, n)}
     if not present:
         return []
     with connect(config) as setup:  # one connection for every table's checks (logins cost)
         ensure_state(config, setup.cursor())
         return [
-            sync_gold_table(config, name, target, full, setup) for name, target in present.items()
+            sync_gold_table(config, name, target, full, setup, writer)
+            for name, target in present.items()
         ]
 
 
@@ -809,7 +1018,10 @@ def sync_gold(config: CdcflowConfig, full: bool = False) -> list[TableSyncReport
 
 
 def sync_snowflake(
-    config: CdcflowConfig, full: bool = False, fail_at: str | None = None
+    config: CdcflowConfig,
+    full: bool = False,
+    fail_at: str | None = None,
+    writer: SyncFileWriter | None = None,
 ) -> SyncReport:
     """Synchronize Silver → ``DIM_CUSTOMER_CURRENT`` and Gold → ``AGG_*`` once; with declared
     tables, each table's Silver → its Snowflake table (``contract_target``).
@@ -818,6 +1030,8 @@ def sync_snowflake(
         config: the pipeline configuration.
         full: full refresh (bootstrap/repair) instead of the incremental CDF sync.
         fail_at: failure injection point (tests).
+        writer: the engine that writes every table's rows as Parquet files
+            (:class:`SyncFileWriter`, the Spark engine's); None: read here with delta-rs.
 
     Returns:
         The sync report (DIM first).
@@ -832,11 +1046,14 @@ def sync_snowflake(
 
         # the contracts as the Delta tables hold them: columns evolved from events included
         report = SyncReport(
-            [sync_dim(config, full, fail_at, contract_target(c)) for c in held_contracts(config)]
+            [
+                sync_dim(config, full, fail_at, contract_target(c), writer)
+                for c in held_contracts(config)
+            ]
         )
     else:
-        report = SyncReport([sync_dim(config, full=full, fail_at=fail_at)])
-        report.tables.extend(sync_gold(config, full=full))
+        report = SyncReport([sync_dim(config, full=full, fail_at=fail_at, writer=writer)])
+        report.tables.extend(sync_gold(config, full=full, writer=writer))
     report.duration_ms = int((time.monotonic() - started) * 1000)
     for table in report.tables:
         log.info("snowflake sync", extra=table.log_fields())
