@@ -44,12 +44,36 @@ PG_PORT = int(os.environ.get("CDCFLOW_PG_PORT", "55432"))
 KAFKA_PORT = int(os.environ.get("CDCFLOW_KAFKA_PORT", "39092"))
 BOOTSTRAP = f"127.0.0.1:{KAFKA_PORT}"
 
+#: The Spark master of the Spark tests: ``local[2]``, or the URL of the standalone cluster of
+#: ``scripts/spark/cluster.sh`` (``spark://127.0.0.1:<port>``), which
+#: tests/test_spark_cluster.py sets for a second run of the Spark conformance and crash tests.
+SPARK_MASTER = os.environ.get("CDCFLOW_TEST_SPARK_MASTER", "local[2]")
+#: Settings of an application on that cluster: two executors of one core (one on each worker,
+#: in JVMs of their own) and little memory, so that two applications (the shared session and a
+#: killed child's) fit on the two workers at once; the driver on 127.0.0.1 only.
+CLUSTER_CONF = {
+    "spark.executor.cores": "1",
+    "spark.cores.max": "2",
+    "spark.executor.memory": "512m",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+
+def spark_section() -> dict[str, Any]:
+    """The ``spark`` config section of the tests' pipelines: :data:`SPARK_MASTER`, with
+    :data:`CLUSTER_CONF` when that is a cluster."""
+    conf = {} if SPARK_MASTER.startswith("local") else dict(CLUSTER_CONF)
+    return {"master": SPARK_MASTER, "conf": conf}
+
+
 #: pytest-xdist groups (``make test`` runs ``-n 3 --dist loadgroup``): every test of a group runs
 #: on the same worker, so one JVM serves all Spark tests, one worker talks to the PostgreSQL
 #: server, and the docs walk-through (its own Spark and PostgreSQL) runs beside the rest. The
 #: Spark crash chain (the longest test) has a worker and a SparkSession of its own.
 XDIST_GROUPS = {
     "spark_crash": "spark_crash",
+    "spark_cluster": "spark_cluster",
     "spark": "spark",
     "kafka": "kafka_broker",
     "postgres": "pg_server",
@@ -74,7 +98,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 #: collection order): the long serial groups first, each starting at once on a worker of its
 #: own (the Spark crash chain, ~500 s, used to start only after a few hundred short tests and
 #: finish alone at the end), then the short tests filling the workers as they free up.
-GROUP_ORDER = ("spark_crash", "spark", "docs", "kafka", "postgres")
+GROUP_ORDER = ("spark_crash", "spark_cluster", "spark", "docs", "kafka", "postgres")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -93,7 +117,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: and a worker whose session ends first must not stop a broker or server that the tests of
 #: another worker still use; so the stops run once, in the controller's
 #: :func:`pytest_sessionfinish` (in a run without xdist: the one process's).
-STOPS_FILE = REPO / ".pytest-service-stops"
+#: (A nested run, tests/test_spark_cluster.py's, has a file of its own:
+#: ``$CDCFLOW_TEST_STOPS_FILE``.)
+STOPS_FILE = Path(os.environ.get("CDCFLOW_TEST_STOPS_FILE") or REPO / ".pytest-service-stops")
 
 
 def stop_after_run(argv: list[str], env: dict[str, str]) -> None:
@@ -218,12 +244,13 @@ def require_spark() -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """The one SparkSession every Spark test shares (started on first use)."""
+    """The one SparkSession every Spark test shares (started on first use), on
+    :data:`SPARK_MASTER`."""
     require_spark()
     from cdcflow.config import SparkSection
     from cdcflow.engines.spark.session import get_session
 
-    session = get_session(SparkSection())
+    session = get_session(SparkSection(**spark_section()))
     yield session
     session.stop()
 
@@ -242,6 +269,7 @@ class Lake:
             source={"path": str(self.landing), "max_files_per_trigger": max_files},
             checkpoint={"location": str(root / "lake" / "_checkpoints" / "customers")},
             processing={"delete_mode": mode},
+            spark=spark_section(),
         )
         self.arrival: list[str | bytes] = []
         #: (landing file name, 1-based line number) of every line of ``arrival``

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from cdcflow.state.faults import CRASH_EXIT_CODE, CRASH_POINTS
-from tests.conftest import Lake, require_spark
+from tests.conftest import SPARK_MASTER, Lake, require_spark
 from tests.crashkit import (
     BATCHES,
     assert_crashed_at,
@@ -66,6 +66,11 @@ BATCH = 1
 LEFT_OUT = ("before_commit",)
 #: Every distinct commit of a Spark micro-batch, in micro-batch order.
 SPARK_POINTS = tuple(point for point in CRASH_POINTS if point not in LEFT_OUT)
+#: The chain on the standalone cluster (tests/test_spark_cluster.py), where each child also
+#: starts two executor JVMs: the micro-batch's first Delta commit, a Gold table computed by the
+#: executors, and the checkpoint's commit (every point: this chain on ``local[2]``).
+CLUSTER_POINTS = ("after_bronze", "after_gold_daily_customer_metrics", "after_commit")
+POINTS = SPARK_POINTS if SPARK_MASTER.startswith("local") else CLUSTER_POINTS
 
 
 #: Spark settings of the killed children: expressions interpreted, not compiled, and the JVM's
@@ -115,7 +120,7 @@ def test_spark_killed_at_every_commit_of_a_batch_then_restart(
     require_spark()
     lake = spark_crash_lake(tmp_path)
     config = config_file(lake)
-    for point in SPARK_POINTS:  # each child re-runs batch 1 and is killed one commit further
+    for point in POINTS:  # each child re-runs batch 1 and is killed one commit further
         crashed = run_cli(config, crash=f"{point}@{BATCH}", timeout=900)
         assert crashed.returncode == CRASH_EXIT_CODE, (point, crashed.stderr[-3000:])
         assert_crashed_at(lake, point, BATCH)

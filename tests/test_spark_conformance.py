@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Lake, ev, full
+from tests.conftest import SPARK_MASTER, Lake, ev, full
 from tests.crashkit import checkpoint_state, versions
 from tests.test_gold import _random_days
 from tests.test_property import check_against_oracle, streams
@@ -122,6 +122,26 @@ def run_workload(lake: Lake, runs: list[list[Any]]) -> None:
             else:
                 lake.write(records)
         lake.run()
+
+
+def test_the_session_runs_on_the_configured_master(spark: Any) -> None:
+    """The tests' SparkSession is on :data:`tests.conftest.SPARK_MASTER`; on the standalone
+    cluster, with its two executors registered (JVMs of their own, not the driver's): the
+    run of this suite there is not a ``local[N]`` run in disguise."""
+    import os
+    import time
+
+    context = spark.sparkContext
+    assert context.master == SPARK_MASTER
+    wanted = 1 if SPARK_MASTER.startswith("local") else 3  # the driver (+ two executors)
+    deadline = time.monotonic() + 120
+    while context._jsc.sc().getExecutorMemoryStatus().size() < wanted:
+        assert time.monotonic() < deadline, "the executors did not register"
+        time.sleep(0.5)
+    assert context._jsc.sc().getExecutorMemoryStatus().size() == wanted
+    # a job's tasks run where the executors are: Python workers of their own
+    pids = set(context.parallelize(range(4), 4).map(lambda _: os.getpid()).collect())
+    assert os.getpid() not in pids
 
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])

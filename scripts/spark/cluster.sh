@@ -64,11 +64,12 @@ launch() {  # launch <role> <main class> [args...]: a detached spark-class JVM
   local log="$HOME_DIR/$role.log"
   [ -f "$log" ] && mv -f "$log" "$log.1"
   # spark-class runs the launcher, then execs java (the pid stays the JVM's); the two
-  # -Dcdcflow.spark.* options come first, so role_pid recognises the JVM
+  # -Dcdcflow.spark.* options come first, so role_pid recognises the JVM; the JVM does not
+  # inherit the start lock (fd 9), or a later start would wait for it until the JVM ends
   SPARK_HOME="$SPARK_HOME" SPARK_LOCAL_IP=127.0.0.1 SPARK_NO_DAEMONIZE=1 \
     SPARK_DAEMON_MEMORY="${CDCFLOW_SPARK_DAEMON_MEMORY:-256m}" \
     SPARK_DAEMON_JAVA_OPTS="-Dcdcflow.spark.role=$role -Dcdcflow.spark.home=$HOME_DIR -Dspark.ui.showConsoleProgress=false" \
-    setsid nohup "$SPARK_HOME/bin/spark-class" "$@" >"$log" 2>&1 </dev/null &
+    setsid nohup "$SPARK_HOME/bin/spark-class" "$@" >"$log" 2>&1 </dev/null 9>&- &
   echo $! >"$HOME_DIR/$role.pid"
 }
 
