@@ -13,7 +13,9 @@ from cdcflow.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["dev.yaml", "test.yaml", "prod.yaml", "spark.yaml"])
+@pytest.mark.parametrize(
+    "name", ["dev.yaml", "test.yaml", "prod.yaml", "spark.yaml", "spark-cluster.yaml"]
+)
 def test_shipped_configs_are_valid(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("CDCFLOW_STORAGE_ROOT", "CDCFLOW_LANDING_PATH", "CDCFLOW_CHECKPOINT_PATH"):
         monkeypatch.setenv(var, f"/tmp/{var.lower()}")

@@ -56,6 +56,12 @@ DEFAULT_CONF = {
 }
 
 
+#: The defaults that the tables' contents depend on, set on an active session cdcflow did not
+#: start too (a Databricks notebook's or job's): instants written and read in UTC, Parquet
+#: timestamps in microseconds (what delta-rs and the local engine read back exactly).
+SESSION_CONF = ("spark.sql.session.timeZone", "spark.sql.parquet.outputTimestampType")
+
+
 def java_options(configured: str | None) -> str:
     """The driver's JVM options: the default (:data:`LOG4J2_OPTION`) plus ``configured``.
 
@@ -89,6 +95,10 @@ def delta_jars(jars_dir: str) -> list[str]:
 def get_session(settings: SparkSection) -> SparkSession:
     """Return the active SparkSession or start one configured for Delta.
 
+    An active session (a Databricks notebook's or job's, or the tests' shared one) is used as it
+    is, with :data:`SESSION_CONF` set on it: ``settings`` (master, jars, conf) apply only to a
+    session started here.
+
     Args:
         settings: the ``spark`` config section (master, jars folder, extra conf).
 
@@ -100,7 +110,9 @@ def get_session(settings: SparkSection) -> SparkSession:
     except ImportError as exc:
         raise MissingDependencyError(INSTALL_HINT) from exc
     active = SparkSession.getActiveSession()
-    if active is not None:
+    if active is not None:  # e.g. a Databricks job's session: its own master, jars and conf
+        for key in SESSION_CONF:
+            active.conf.set(key, DEFAULT_CONF[key])
         return active
     # PySpark starts its Python workers with $PYSPARK_PYTHON (default: "python3" on PATH), not
     # with the spark.pyspark.python conf: point it at this interpreter (the one with cdcflow)
