@@ -16,8 +16,9 @@ The crash chain there kills at three points of its micro-batch rather than at ev
 
 Then the proof of the driver bound: the same pipeline over 10,000 and over 100,000 customers,
 each a ``cdcflow run`` on the cluster with ``spark.driver.maxResultSize`` at 16 MiB (a
-``collect()`` of the larger run's Bronze, Silver or history fails it), and the driver's peak
-resident memory (its Python process's plus its JVM's) within 15% of each other.
+``collect()`` of the larger run's Bronze, Silver or history fails it) and a fixed driver heap of
+512 MiB, and the driver's peak resident memory (its Python process's plus its JVM's) within 15%
+of each other.
 """
 
 from __future__ import annotations
@@ -115,11 +116,20 @@ DRIVER_PROOF_CUSTOMERS = (10_000, 100_000)
 #: ``spark.sql.autoBroadcastJoinThreshold`` (10 MiB; the history MERGE's source measured 9 MiB
 #: in a 100,000-event micro-batch), and the tasks' metrics.
 MAX_RESULT_SIZE = "16m"
+#: The driver JVM's heap, fixed (initial = maximum). Left to grow, the JVM's resident memory
+#: follows its garbage collector's heap sizing rather than what the driver keeps: G1 enlarges the
+#: heap when collections take long, as on a loaded CI machine (1055 vs 1263 MiB there with
+#: Spark's default 1 GiB maximum, 1045 vs 1031 MiB unloaded). With a fixed heap the resident
+#: memory compares what the driver holds: a driver that kept the larger run's rows would run out
+#: of these 512 MiB or show them in its Python process.
+DRIVER_HEAP = "512m"
 #: The proof's executors: one per worker, with all of its memory (512 MiB executors ran out of
 #: memory on 100,000-event micro-batches; Spark replaced them, slowly).
 PROOF_CONF = {
     "spark.executor.memory": "1g",
     "spark.driver.maxResultSize": MAX_RESULT_SIZE,
+    "spark.driver.memory": DRIVER_HEAP,
+    "spark.driver.extraJavaOptions": f"-Xms{DRIVER_HEAP}",
 }
 
 
