@@ -157,13 +157,21 @@ def test_scenarios_match_local_engine(
 
     # Gold by Spark: the local refresh (delta-rs + Polars on the driver) is never called
     monkeypatch.setattr("cdcflow.engines.local.gold.refresh_gold", on_the_driver)
+    scheduler = spark.sparkContext._jsc.sc().dagScheduler()
+    jobs_before = scheduler.nextJobId()  # Spark's job ids: one sequence per SparkContext
     run_workload(other, workload(mode))
+    jobs_run = scheduler.nextJobId() - jobs_before
     monkeypatch.undo()
     same_tables(local, other)
     for lake in (local, other):  # each engine against the oracle, not only each other
         check_against_oracle(lake, len(lake.arrival))
     log = other.table("audit/batch_log").sort("batch_id")
     assert log["batch_id"].to_list() == [0, 1]
+    # each micro-batch's Spark jobs: some, and no more than the runs started (the streaming
+    # query's own jobs and the batch_log appends are not a micro-batch's); none for the local
+    jobs = log["spark_jobs"].to_list()
+    assert all(n > 0 for n in jobs) and sum(jobs) <= jobs_run, (jobs, jobs_run)
+    assert local.table("audit/batch_log")["spark_jobs"].null_count() == 2
     assert (
         log["quarantined"].to_list()
         == local.table("audit/batch_log").sort("batch_id")["quarantined"].to_list()

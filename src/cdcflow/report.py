@@ -34,6 +34,8 @@ class BatchReport:
         delete_mode: ``soft`` or ``hard``.
         snowflake_sync_lag_s: inline Snowflake sync: seconds from the Silver commit to the
             Snowflake commit of this batch's changes (None when not synced inline).
+        spark_jobs: Spark jobs the micro-batch ran up to its ``audit/batch_log`` row (that
+            row's own append not counted); None for the local engine.
         stage_seconds: seconds spent per stage (not stored in the table).
     """
 
@@ -57,6 +59,7 @@ class BatchReport:
     silver_version: int | None = None
     delete_mode: str = "soft"
     snowflake_sync_lag_s: float | None = None
+    spark_jobs: int | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @contextmanager

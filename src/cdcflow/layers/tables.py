@@ -161,6 +161,7 @@ BATCH_LOG = TableSpec(
             pa.field("silver_version", pa.int64()),
             pa.field("delete_mode", pa.string(), nullable=False),
             pa.field("snowflake_sync_lag_s", pa.float64()),
+            pa.field("spark_jobs", pa.int64()),
         ]
     ),
 )

@@ -112,8 +112,19 @@ class DeltaStore:
             self._pinned = None
 
     def ensure(self, spec: TableSpec) -> None:
-        """Create the table (empty, with schema, partitioning and properties) if missing."""
-        self.open(spec)
+        """Create the table (empty, with schema, partitioning and properties) if missing.
+
+        A table an earlier cdcflow created gets the nullable columns ``spec`` has added since
+        (e.g. ``audit/batch_log.spark_jobs``), in one schema-only commit, so that every writer
+        appends ``spec.schema`` as it is.
+        """
+        table = self.open(spec)
+        names = set(table.schema().to_arrow().names)
+        missing = [f for f in spec.schema if f.name not in names and f.nullable]
+        if missing:
+            from deltalake.schema import Field
+
+            table.alter.add_columns([Field.from_arrow(f) for f in missing])
 
     def open(self, spec: TableSpec) -> DeltaTable:
         """Open the latest version of a table, creating it (empty) first if missing.

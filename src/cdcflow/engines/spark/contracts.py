@@ -517,6 +517,7 @@ class SparkContractsEngine(SparkEngine):
             report.updates = sum(r.updates for r in reports)
             report.deletes = sum(r.deletes for r in reports)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
+            report.spark_jobs = self._jobs_so_far()
             self._append_rows([report.row()], BATCH_LOG, batch_id)
         crash_point("after_audit", batch_id)
         for cached in self._cached:

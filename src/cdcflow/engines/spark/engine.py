@@ -28,6 +28,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -130,6 +131,8 @@ class SparkEngine:
         self._cached: list[DataFrame] = []  # per-batch caches, released when the batch ends
         self._schemas: dict[str, Any] = {}  # table name -> its Delta schema (StructType)
         self._on_batch: Callable[[BatchReport], None] = lambda report: None
+        self._run_id = uuid.uuid4().hex[:12]  # job groups: cdcflow-<pipeline>-<run>-<batch>
+        self._group = ""
 
     def run_batch(self, offsets: BatchOffsets) -> BatchReport:
         """Not used: Spark drives its own micro-batches (see :meth:`run_stream`).
@@ -325,13 +328,39 @@ class SparkEngine:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.config.table_uri(spec.name))
 
+    @contextmanager
+    def _job_group(self, spark_batch_id: int) -> Iterator[None]:
+        """Run the block's Spark jobs in a job group of their own; :meth:`_jobs_so_far` counts
+        them (``audit/batch_log.spark_jobs``).
+
+        The streaming thread's own job group (the query's, by which stopping the query cancels
+        its jobs) is restored when the block ends.
+        """
+        context = self.spark.sparkContext
+        keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+        previous = {key: context.getLocalProperty(key) for key in keys}
+        group = f"{self.app_id}-{self._run_id}-{spark_batch_id}"
+        context.setJobGroup(group, f"{self.app_id} micro-batch", interruptOnCancel=True)
+        self._group = group
+        try:
+            yield
+        finally:
+            for key, value in previous.items():
+                context.setLocalProperty(key, value)  # type: ignore[arg-type]  # None: unset
+
+    def _jobs_so_far(self) -> int:
+        """Spark jobs started so far in the current micro-batch's job group (finished or not)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        return len(tracker.getJobIdsForGroup(self._group))
+
     def _process(self, frame: DataFrame, spark_batch_id: int) -> None:
         started = time.perf_counter()
-        taken = self._take(frame, spark_batch_id)
-        if taken is None:
-            return
-        offsets, meta = taken
-        report = self._run_files(frame, meta, offsets, started)
+        with self._job_group(spark_batch_id):
+            taken = self._take(frame, spark_batch_id)
+            if taken is None:
+                return
+            offsets, meta = taken
+            report = self._run_files(frame, meta, offsets, started)
         crash_point("before_commit", offsets.batch_id)
         self.checkpoint.write_commit(
             offsets.batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
@@ -501,6 +530,7 @@ class SparkEngine:
                 self._append(outcomes, EVENT_OUTCOMES, batch_id)
             crash_point("after_outcomes", batch_id)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
+            report.spark_jobs = self._jobs_so_far()
             if not self._txn(BATCH_LOG, batch_id):
                 import pyarrow as pa
 
