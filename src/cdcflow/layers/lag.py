@@ -1,11 +1,13 @@
-"""End-to-end lag of declared tables: source commit → Silver commit, per event.
+"""End-to-end lag of a pipeline's tables: source commit → Silver commit, per event.
 
-For each accepted first copy (outcomes other than ``DUPLICATE``) of each declared table:
+For each accepted first copy (outcomes other than ``DUPLICATE``) of each table (the declared
+tables, or the shipped customers table when none is declared):
 ``lag = lag_s + (Silver commit time − batch processing time)``, where ``lag_s`` is the
 outcome's processing time − ``event_timestamp`` (the source's commit time, e.g. Debezium's
 ``source.ts_ms``), the processing time is ``audit/batch_log.started_at`` and the Silver commit
 time is the Delta commit timestamp of the table's Silver version after the batch
-(``audit/table_batch_log.silver_version``). Seconds, from the clocks of the source database
+(``audit/table_batch_log.silver_version``; customers: ``audit/batch_log.silver_version``).
+Seconds, from the clocks of the source database
 and of this machine (a skew between them shifts every figure).
 """
 
@@ -44,14 +46,25 @@ def _read(config: CdcflowConfig, name: str, columns: list[str]) -> pl.DataFrame:
     return frame
 
 
-def end_to_end_lag(config: CdcflowConfig) -> list[TableLag]:
-    """The lag of every declared table (module doc), in declared order.
+def end_to_end_lag(config: CdcflowConfig, since: datetime | None = None) -> list[TableLag]:
+    """The lag of every table (module doc), in declared order.
+
+    Args:
+        config: the pipeline's config.
+        since: only the micro-batches whose Silver commit is at or after this time (UTC);
+            None: every micro-batch.
 
     Raises:
         TableNotFoundError: the pipeline has not run yet (no audit tables).
     """
-    batches = _read(config, "audit/batch_log", ["batch_id", "started_at"])
-    per_table = _read(config, "audit/table_batch_log", ["batch_id", "table_name", "silver_version"])
+    declared = bool(config.tables)
+    columns = ["batch_id", "started_at"] + ([] if declared else ["silver_version"])
+    batches = _read(config, "audit/batch_log", columns)
+    per_table = (
+        _read(config, "audit/table_batch_log", ["batch_id", "table_name", "silver_version"])
+        if declared
+        else None
+    )
     out = []
     for contract in config.contracts():
         silver = DeltaTable(
@@ -63,25 +76,28 @@ def end_to_end_lag(config: CdcflowConfig) -> list[TableLag]:
             for entry in silver.history()
             if "version" in entry and "timestamp" in entry
         }
-        versions = per_table.filter(pl.col("table_name") == contract.name).join(
-            batches, on="batch_id"
-        )
+        if per_table is None:
+            versions = batches
+        else:
+            versions = per_table.filter(pl.col("table_name") == contract.name).join(
+                batches, on="batch_id"
+            )
         delay = {
             row["batch_id"]: (commits[row["silver_version"]] - row["started_at"]).total_seconds()
             for row in versions.iter_rows(named=True)
             if row["silver_version"] in commits
+            and (since is None or commits[row["silver_version"]] >= since)
         }
         outcomes = _read(config, contract.outcomes_table, ["batch_id", "outcome", "lag_s"])
-        lags = (
-            outcomes.filter(pl.col("outcome") != "DUPLICATE")
-            .with_columns(
-                (
-                    pl.col("lag_s")
-                    + pl.col("batch_id").replace_strict(delay, default=0.0, return_dtype=pl.Float64)
-                ).alias("lag")
-            )
-            .get_column("lag")
-        )
+        measured = outcomes.filter(pl.col("outcome") != "DUPLICATE")
+        if since is not None:
+            measured = measured.filter(pl.col("batch_id").is_in(list(delay)))
+        lags = measured.with_columns(
+            (
+                pl.col("lag_s")
+                + pl.col("batch_id").replace_strict(delay, default=0.0, return_dtype=pl.Float64)
+            ).alias("lag")
+        ).get_column("lag")
         if lags.is_empty():
             out.append(TableLag(contract.name, 0, None, None, None))
             continue

@@ -1,24 +1,34 @@
-"""The state of a pipeline, read from its audit tables (``cdcflow status``).
+"""The state of a pipeline, read from its audit tables and checkpoint (``cdcflow status``).
 
 Sources: ``audit/batch_log`` (one row per micro-batch), ``audit/table_batch_log`` (declared
-tables: one row per micro-batch and table) and ``audit/snowflake_sync`` (one row per Snowflake
-table and sync, :mod:`cdcflow.sinks.snowflake.inline`). A table that does not exist yet is an
-empty part of the status, never an error.
+tables: one row per micro-batch and table), ``audit/snowflake_sync`` (one row per Snowflake
+table and sync, :mod:`cdcflow.sinks.snowflake.inline`), each table's outcomes and quarantine
+tables, the Silver tables' Delta commit times (:mod:`cdcflow.layers.lag`), the checkpoint folder
+(run lock, offsets without a commit marker) and the landing folder (the backlog). A table that
+does not exist yet is an empty part of the status, never an error. Nothing personal is read
+into the status: counts, times, reasons and file names only.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import polars as pl
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.layers.lag import TableLag
 
 #: How many of a Snowflake table's latest syncs the recent event-lag figures cover.
 RECENT_SYNCS = 20
+#: The window of the end-to-end lag figures.
+LAG_WINDOW = timedelta(hours=1)
+#: The window of the quarantine counts.
+QUARANTINE_WINDOW = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -84,16 +94,75 @@ class SnowflakeStatus:
     recent_event_lag_p95_s: float | None
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """The latest micro-batches (``audit/batch_log``) taken together.
+
+    Attributes:
+        batches: how many (at most the ``recent`` asked for).
+        records: records received (every landing record, valid or not).
+        events: accepted first copies (accepted − duplicates).
+        seconds: the micro-batches' summed wall time (``duration_ms``), seconds.
+        records_per_s / events_per_s: records / seconds and events / seconds (None: no time).
+    """
+
+    batches: int
+    records: int
+    events: int
+    seconds: float
+    records_per_s: float | None
+    events_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What the landing folder holds that no micro-batch has taken yet.
+
+    Attributes:
+        files: new files and files grown or changed since a micro-batch took them.
+        bytes: their bytes not taken yet.
+        pending_batch: a micro-batch with offsets but no commit marker (a run is processing
+            it, or a crashed run left it for the next run to finish); None: none.
+    """
+
+    files: int
+    bytes: int
+    pending_batch: int | None
+
+
 @dataclass
 class PipelineStatus:
-    """Everything ``cdcflow status`` shows."""
+    """Everything ``cdcflow status`` shows.
+
+    Attributes:
+        pipeline / engine: ``pipeline.name`` and ``pipeline.engine``.
+        running: a run holds the checkpoint's lock now; ``lock_holder``: who (``pid N on HOST
+            since TIME``; empty when none).
+        batches / last_batch: micro-batches committed; the latest.
+        recent: the latest micro-batches' throughput.
+        lag: per table, source event time → Silver commit (seconds) of the events applied in
+            the last :data:`LAG_WINDOW`.
+        backlog: landing files not taken yet.
+        quarantine: per table, records quarantined in the last :data:`QUARANTINE_WINDOW` by
+            reason code.
+        tables / snowflake: declared tables' totals; Snowflake syncs.
+        problems: why the pipeline is not healthy (empty: healthy): stopped, or its lag above
+            the threshold asked for.
+    """
 
     pipeline: str
     engine: str
+    running: bool = False
+    lock_holder: str = ""
     batches: int = 0
     last_batch: LastBatch | None = None
+    recent: Throughput | None = None
+    lag: list[TableLag] = field(default_factory=list)
+    backlog: Backlog | None = None
+    quarantine: dict[str, dict[str, int]] = field(default_factory=dict)
     tables: list[TableStatus] = field(default_factory=list)
     snowflake: list[SnowflakeStatus] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (datetimes as ISO-8601 text)."""
@@ -125,11 +194,133 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def pipeline_status(config: CdcflowConfig) -> PipelineStatus:
-    """The status of ``config``'s pipeline (module doc)."""
+def _running(holder_file: Any) -> tuple[bool, str]:
+    """(a run holds the lock, its description) from the lock file's content, without taking
+    the lock (a status probe must never make a run's start fail): a holder on this host counts
+    only while its process lives (a killed run leaves its line behind)."""
+    import json
+
+    try:
+        data = json.loads(holder_file.read_text(encoding="utf-8"))
+        pid, host, since = int(data["pid"]), str(data["host"]), str(data["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, ""
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False, ""
+        except PermissionError:
+            pass  # alive, another user's
+    return True, f"pid {pid} on {host} since {since}"
+
+
+def _throughput(batches: pl.DataFrame, recent: int) -> Throughput:
+    last = batches.sort("batch_id").tail(recent)
+    seconds = float(last["duration_ms"].sum()) / 1000
+    records = int(last["records_received"].sum())
+    events = int(last["accepted"].sum()) - int(last["duplicates"].sum())
+    return Throughput(
+        batches=last.height,
+        records=records,
+        events=events,
+        seconds=round(seconds, 3),
+        records_per_s=round(records / seconds, 1) if seconds > 0 else None,
+        events_per_s=round(events / seconds, 1) if seconds > 0 else None,
+    )
+
+
+def _backlog(config: CdcflowConfig) -> Backlog:
+    from cdcflow.sources.files import list_landing
+    from cdcflow.state.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(config.checkpoint.location)
+    taken = checkpoint.taken() if checkpoint.offsets_dir.is_dir() else {}
+    files, left = 0, 0
+    for listed in list_landing(config.source.path):
+        before = taken.get(listed.path)
+        if before is not None and (listed.size, listed.mtime_ns, listed.inode) == (
+            before.size,
+            before.mtime_ns,
+            before.inode,
+        ):
+            continue
+        files += 1
+        grown = before is not None and listed.size > before.size  # only the new bytes left
+        left += listed.size - (before.size if before is not None and grown else 0)
+    pending = checkpoint.pending() if checkpoint.offsets_dir.is_dir() else None
+    return Backlog(files, left, None if pending is None else pending.batch_id)
+
+
+def _quarantine(config: CdcflowConfig, since: datetime) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for contract in config.contracts():
+        uri = config.table_uri(contract.table_names.quarantine)
+        options = config.storage.options or None
+        if not DeltaTable.is_deltatable(uri, storage_options=options):
+            continue
+        rows = pl.from_arrow(
+            DeltaTable(uri, storage_options=options).to_pyarrow_table(
+                columns=["quarantined_at", "failure_reason"]
+            )
+        )
+        assert isinstance(rows, pl.DataFrame)
+        counts = (
+            rows.filter(pl.col("quarantined_at") >= since)
+            .group_by("failure_reason")
+            .len()
+            .sort("failure_reason")
+        )
+        out[contract.name] = {r: int(n) for r, n in counts.iter_rows()}
+    return out
+
+
+def pipeline_status(
+    config: CdcflowConfig,
+    recent: int = 10,
+    max_lag: timedelta | None = None,
+    now: datetime | None = None,
+) -> PipelineStatus:
+    """The status of ``config``'s pipeline (module doc).
+
+    Args:
+        config: the pipeline's config.
+        recent: how many of the latest micro-batches the throughput covers.
+        max_lag: the health threshold: a table whose p95 end-to-end lag over the last hour
+            is above it is a problem (None: the lag is not checked).
+        now: the time the windows end (UTC; default: now).
+
+    Returns:
+        The status; ``problems`` lists what is unhealthy (the pipeline is not running, a
+        table's lag is above ``max_lag``).
+    """
+    from pathlib import Path
+
+    now = now or datetime.now(UTC)
     status = PipelineStatus(config.pipeline.name, config.pipeline.engine)
+    status.running, status.lock_holder = _running(Path(config.checkpoint.location) / "lock")
+    if not status.running:
+        status.problems.append("stopped: no run holds the checkpoint's lock")
+    status.backlog = _backlog(config)
+    status.quarantine = _quarantine(config, now - QUARANTINE_WINDOW)
     batches = _frame(config, "audit/batch_log")
     if batches is not None and batches.height:
+        from cdcflow.layers.lag import end_to_end_lag
+
+        status.recent = _throughput(batches, recent)
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            status.lag = end_to_end_lag(config, since=now - LAG_WINDOW)
+        except TableNotFoundError:  # a first micro-batch that wrote no outcomes yet
+            status.lag = []
+        if max_lag is not None:
+            limit = max_lag.total_seconds()
+            status.problems += [
+                f"lag: {x.table} p95 {x.p95:.1f} s over the last hour, above {limit:g} s"
+                for x in status.lag
+                if x.p95 is not None and x.p95 > limit
+            ]
         status.batches = batches.height
         last = batches.sort("batch_id").row(-1, named=True)
         status.last_batch = LastBatch(
@@ -187,4 +378,14 @@ def pipeline_status(config: CdcflowConfig) -> PipelineStatus:
     return status
 
 
-__all__ = ["RECENT_SYNCS", "PipelineStatus", "SnowflakeStatus", "TableStatus", "pipeline_status"]
+__all__ = [
+    "LAG_WINDOW",
+    "QUARANTINE_WINDOW",
+    "RECENT_SYNCS",
+    "Backlog",
+    "PipelineStatus",
+    "SnowflakeStatus",
+    "TableStatus",
+    "Throughput",
+    "pipeline_status",
+]
