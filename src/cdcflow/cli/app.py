@@ -152,12 +152,24 @@ def run(
         str,
         typer.Option(help="once | available-now | processing-time=<duration, e.g. 10s>"),
     ] = "available-now",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="serve Prometheus metrics on http://<metrics-host>:<port>/metrics while running",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(help="the address the metrics endpoint listens on")
+    ] = "127.0.0.1",
 ) -> None:
     """Run the pipeline: landing files -> Bronze/quarantine -> Silver -> audit tables.
 
     Prints one summary per micro-batch on stdout: a table at the end (``once``,
     ``available-now``) or one line per batch as it commits (``processing-time``); on a terminal
-    a live line shows the batches, files, records and events/s so far.
+    a live line shows the batches, files, records and events/s so far. With ``--metrics-port``
+    a Prometheus endpoint serves the run's counters (cdcflow.layers.metrics).
     """
     from cdcflow.cli.progress import working
     from cdcflow.cli.render import RunTotals, batch_line, batch_table
@@ -165,6 +177,16 @@ def run(
 
     parsed = Trigger.parse(trigger)
     settings = load(config, declared_tables=True)
+    metrics = None
+    if metrics_port is not None:
+        from cdcflow.layers.metrics import PipelineMetrics, serve
+
+        metrics = PipelineMetrics(settings)
+        serve(metrics, metrics_port, metrics_host)
+        from cdcflow.logs import get_logger
+
+        url = f"http://{metrics_host}:{metrics_port}/metrics"
+        get_logger("metrics").info("metrics endpoint", extra={"url": url})
     try:
         pipeline = Pipeline(settings)
     except ConfigError as exc:  # a setting the run cannot honour: name the file too
@@ -175,6 +197,8 @@ def run(
     with working(label, unit="batches") as work:
 
         def show(report: BatchReport) -> None:
+            if metrics is not None:
+                metrics.observe(report)
             totals.add(report)
             work.update(completed=totals.batches, detail=totals.detail())
             if continuous:
