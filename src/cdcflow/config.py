@@ -274,6 +274,34 @@ class GoldSection(_Section):
     refresh_every_batches: int = Field(default=1, ge=0)
 
 
+class LineageSection(_Section):
+    """``lineage``: OpenLineage run events, START and COMPLETE (or FAIL) per micro-batch, with
+    the batch's input and output datasets and their schemas (docs/operations.md).
+
+    ``transport``: ``none`` (default: no events), ``console`` (each event as a log line),
+    ``file`` (JSON lines appended to ``file``) or ``http`` (POSTed to ``url`` + ``endpoint``,
+    e.g. Marquez; a bearer API key from the environment variable named by ``api_key_env``, never
+    from the file). ``namespace``: the jobs' namespace. ``timeout_s``: per HTTP request. A
+    lineage backend that fails is logged and never stops the pipeline.
+    """
+
+    transport: Literal["none", "console", "file", "http"] = "none"
+    url: str = ""
+    endpoint: str = "api/v1/lineage"
+    file: str = ""
+    api_key_env: str = ""
+    namespace: str = "cdcflow"
+    timeout_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _destination(self) -> LineageSection:
+        if self.transport == "http" and not self.url:
+            raise ValueError("url: required with transport: http")
+        if self.transport == "file" and not self.file:
+            raise ValueError("file: required with transport: file")
+        return self
+
+
 class MaintenanceSection(_Section):
     """``maintenance``: ``cdcflow optimize`` and its automatic policy.
 
@@ -357,6 +385,7 @@ class CdcflowConfig(BaseSettings):
     snowflake: SnowflakeSection = Field(default_factory=SnowflakeSection)
     gold: GoldSection = Field(default_factory=GoldSection)
     maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
+    lineage: LineageSection = Field(default_factory=LineageSection)
     spark: SparkSection = Field(default_factory=SparkSection)
     #: Table contracts (:mod:`cdcflow.model.contracts`); none declared = the shipped customers
     #: contract with this config's ``processing`` settings (see :meth:`contracts`).

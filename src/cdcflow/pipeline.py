@@ -89,6 +89,11 @@ class Pipeline:
         self.source = make_source(config)  # None for plain landing files
         self._stop = threading.Event()
         self._on_recover: Callable[[int], None] | None = None
+        self.lineage = None  # OpenLineage run events per micro-batch (config ``lineage``)
+        if config.lineage.transport != "none":
+            from cdcflow.layers.lineage import LineageEmitter
+
+            self.lineage = LineageEmitter(config)
 
     def stop(self) -> None:
         """Ask a continuous run to stop after the current micro-batch."""
@@ -147,6 +152,18 @@ class Pipeline:
             self._on_recover(pending.batch_id)
 
     def _run_one(self, offsets: BatchOffsets) -> BatchReport:
+        if self.lineage is None:
+            return self._run_and_commit(offsets)
+        self.lineage.start(offsets.batch_id, offsets.processing_time)
+        try:
+            report = self._run_and_commit(offsets)
+        except BaseException:
+            self.lineage.fail(offsets.batch_id)
+            raise
+        self.lineage.complete(report)
+        return report
+
+    def _run_and_commit(self, offsets: BatchOffsets) -> BatchReport:
         report = self.engine.run_batch(offsets)
         crash_point("before_commit", offsets.batch_id)
         self.checkpoint.write_commit(
@@ -181,6 +198,18 @@ class Pipeline:
         Raises:
             CheckpointError: another run holds the checkpoint lock, or it is unreadable.
         """
+        try:
+            return self._run(trigger, on_batch, on_recover)
+        finally:
+            if self.lineage is not None:  # the run's last events, at most lineage.timeout_s
+                self.lineage.flush()
+
+    def _run(
+        self,
+        trigger: Trigger,
+        on_batch: Callable[[BatchReport], None] | None,
+        on_recover: Callable[[int], None] | None,
+    ) -> list[BatchReport]:
         reports: list[BatchReport] = []
         self._on_recover = on_recover
 
@@ -190,8 +219,20 @@ class Pipeline:
                 on_batch(report)
 
         if isinstance(self.engine, StreamingEngine):  # the engine drives its own loop (Spark)
+            lineage = self.lineage
+
+            def streamed(report: BatchReport) -> None:
+                if lineage is not None:  # START (at its processing time) and COMPLETE
+                    lineage.complete(report)
+                done(report)
+
             with self.checkpoint.lock():
-                self.engine.run_stream(trigger, done)
+                try:
+                    self.engine.run_stream(trigger, streamed)
+                except BaseException:
+                    if lineage is not None:
+                        lineage.fail(None)
+                    raise
             return reports
         with self.checkpoint.lock():
             if trigger.kind == "processing-time":
