@@ -17,6 +17,11 @@
 #                              started them; when they cannot start, the Kafka tests fail with
 #                              the reason (their fixtures try again).
 #
+#   Chromium                   (Debian's package, scripts/browser/install.sh) installed when
+#                              missing, for the report's browser test; its path is exported as
+#                              CDCFLOW_CHROMIUM; when it cannot be installed, that test fails
+#                              with the reason.
+#
 # Usage: scripts/with-services.sh COMMAND [ARGS...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,6 +87,13 @@ else
     stops=('bash scripts/kafka/stop.sh' "${stops[@]}")
   fi
 fi
+if browser="$(bash scripts/browser/install.sh)"; then
+  export CDCFLOW_CHROMIUM="$(printf '%s\n' "$browser" | tail -n 1)"
+else
+  echo "browser: Chromium could not be installed (see above): the report's browser test will" \
+    "fail" >&2
+fi
+
 if [ "${#stops[@]}" -gt 0 ]; then
   trap 'for stop in "${stops[@]}"; do eval "$stop"; done' EXIT
   trap 'exit 130' INT TERM

@@ -15,13 +15,14 @@ What is compared, and what is not:
   ``tombstoned_at``, batch_log ``started_at``) and the values derived from it (outcomes
   ``lag_s``, batch_log ``max_event_lag_s``; the processing time quoted in a
   ``FUTURE_EVENT_TIMESTAMP`` detail is replaced by a placeholder), plus batch_log
-  ``duration_ms`` (wall time) and ``spark_jobs`` (a re-run skips the commits already written,
-  so it runs fewer jobs). Each run takes its own clock reading per batch, so these differ
-  between two correct runs. Instead :func:`assert_processing_times` checks them, in each lake,
-  against the processing time its offset log recorded for the batch: a re-run after a crash
-  must reuse the recorded time, not take a new one. The workload keeps every event lag far from
-  ``late_event_threshold`` (24 h) and the future event far past ``max_clock_skew``, so
-  ``is_late`` and the rejections do not depend on the few seconds between the runs.
+  ``duration_ms`` and ``stage_seconds`` (wall time) and ``spark_jobs`` (a re-run skips the
+  commits already written, so it runs fewer jobs). Each run takes its own clock reading per
+  batch, so these differ between two correct runs. Instead :func:`assert_processing_times`
+  checks them, in each lake, against the processing time its offset log recorded for the batch:
+  a re-run after a crash must reuse the recorded time, not take a new one. The workload keeps
+  every event lag far from ``late_event_threshold`` (24 h) and the future event far past
+  ``max_clock_skew``, so ``is_late`` and the rejections do not depend on the few seconds between
+  the runs.
 * The Delta version of every table (a re-run that wrote a commit twice, even an empty one,
   would show), the checkpoint (offsets of every batch: file names and byte counts; a commit
   marker each; nothing pending) and the reference fold (``Lake.expected()``) for Silver.
@@ -239,7 +240,7 @@ CLOCK_COLUMNS = {
     QUARANTINE: ("quarantined_at",),
     TOMBSTONES: ("tombstoned_at",),
     OUTCOMES: ("lag_s",),
-    BATCH_LOG: ("started_at", "duration_ms", "max_event_lag_s", "spark_jobs"),
+    BATCH_LOG: ("started_at", "duration_ms", "max_event_lag_s", "spark_jobs", "stage_seconds"),
 }
 COMPARED = (
     SILVER,

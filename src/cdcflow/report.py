@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ class BatchReport:
             Snowflake commit of this batch's changes (None when not synced inline).
         spark_jobs: Spark jobs the micro-batch ran up to its ``audit/batch_log`` row (that
             row's own append not counted); None for the local engine.
-        stage_seconds: seconds spent per stage (not stored in the table).
+        stage_seconds: seconds spent per stage (stored as JSON text).
     """
 
     batch_id: int
@@ -73,9 +74,12 @@ class BatchReport:
             self.stage_seconds[name] = self.stage_seconds.get(name, 0.0) + elapsed
 
     def row(self) -> dict[str, Any]:
-        """The ``audit/batch_log`` row (everything but ``stage_seconds``)."""
+        """The ``audit/batch_log`` row: every field, ``stage_seconds`` as JSON text (an object
+        of stage name → seconds, rounded to 0.1 ms, in the order the stages ran; None when no
+        stage was timed)."""
         data = asdict(self)
-        data.pop("stage_seconds")
+        stages = {k: round(v, 4) for k, v in self.stage_seconds.items()}
+        data["stage_seconds"] = json.dumps(stages) if stages else None
         return data
 
     def log_fields(self) -> dict[str, Any]:

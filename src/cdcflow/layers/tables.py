@@ -162,6 +162,7 @@ BATCH_LOG = TableSpec(
             pa.field("delete_mode", pa.string(), nullable=False),
             pa.field("snowflake_sync_lag_s", pa.float64()),
             pa.field("spark_jobs", pa.int64()),
+            pa.field("stage_seconds", pa.string()),  # JSON: stage name -> seconds
         ]
     ),
 )
