@@ -252,6 +252,7 @@ from cdcflow.cli.generate import generate  # noqa: E402
 from cdcflow.cli.lag import lag  # noqa: E402
 from cdcflow.cli.reconcile import reconcile  # noqa: E402
 from cdcflow.cli.replay import replay  # noqa: E402
+from cdcflow.cli.report import report  # noqa: E402
 from cdcflow.cli.status import status  # noqa: E402
 
 app.command(cls=HelpCommand)(generate)
@@ -260,6 +261,7 @@ app.command(cls=HelpCommand)(replay)
 app.command(cls=HelpCommand)(demo)
 app.command(cls=HelpCommand)(lag)
 app.command(cls=HelpCommand)(status)
+app.command(cls=HelpCommand)(report)
 
 from cdcflow.cli.validate import validate  # noqa: E402
 
