@@ -274,6 +274,17 @@ class GoldSection(_Section):
     refresh_every_batches: int = Field(default=1, ge=0)
 
 
+class CatalogSection(_Section):
+    """``catalog``: who owns and who reads the pipeline's datasets (``cdcflow catalog``).
+
+    ``owner``: the team or person responsible (e.g. ``data-platform@example.com``);
+    ``consumers``: who reads them (teams, dashboards, jobs).
+    """
+
+    owner: str = ""
+    consumers: list[str] = Field(default_factory=list)
+
+
 class LineageSection(_Section):
     """``lineage``: OpenLineage run events, START and COMPLETE (or FAIL) per micro-batch, with
     the batch's input and output datasets and their schemas (docs/operations.md).
@@ -386,6 +397,7 @@ class CdcflowConfig(BaseSettings):
     gold: GoldSection = Field(default_factory=GoldSection)
     maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
     lineage: LineageSection = Field(default_factory=LineageSection)
+    catalog: CatalogSection = Field(default_factory=CatalogSection)
     spark: SparkSection = Field(default_factory=SparkSection)
     #: Table contracts (:mod:`cdcflow.model.contracts`); none declared = the shipped customers
     #: contract with this config's ``processing`` settings (see :meth:`contracts`).

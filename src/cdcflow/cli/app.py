@@ -247,6 +247,7 @@ app.command("as-of", cls=HelpCommand)(as_of)
 app.command(cls=HelpCommand)(gold)
 app.command(cls=HelpCommand)(optimize)
 
+from cdcflow.cli.catalog import catalog  # noqa: E402
 from cdcflow.cli.demo import demo  # noqa: E402
 from cdcflow.cli.generate import generate  # noqa: E402
 from cdcflow.cli.lag import lag  # noqa: E402
@@ -262,6 +263,7 @@ app.command(cls=HelpCommand)(demo)
 app.command(cls=HelpCommand)(lag)
 app.command(cls=HelpCommand)(status)
 app.command(cls=HelpCommand)(report)
+app.command(cls=HelpCommand)(catalog)
 
 from cdcflow.cli.validate import validate  # noqa: E402
 
