@@ -175,10 +175,13 @@ def step_gold(ctx: DemoContext) -> tuple[bool, str]:
 def step_snowflake(ctx: DemoContext) -> tuple[bool, str]:
     """Sync Silver and Gold to Snowflake (the fakesnow emulator without credentials), reconcile."""
     from cdcflow.cli.sync import sync_table
+    from cdcflow.sinks.snowflake.inline import record_sync
     from cdcflow.sinks.snowflake.reconcile import reconcile_snowflake
     from cdcflow.sinks.snowflake.sync import sync_snowflake
 
-    console.print(sync_table(sync_snowflake(ctx.config)))
+    synced = sync_snowflake(ctx.config)
+    record_sync(ctx.config, synced, None, "once")  # audit/snowflake_sync, as `sync snowflake`
+    console.print(sync_table(synced))
     report = reconcile_snowflake(ctx.config)
     console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
     return report.equal, report.summary()
