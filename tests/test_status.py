@@ -128,3 +128,29 @@ def test_bad_max_lag_is_a_usage_error(workdir: Path) -> None:
     bad = _status(workdir, "--max-lag", "soon")
     assert bad.returncode == 2
     assert "--max-lag" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_declared_tables_contracts_lag_and_reasons_per_table(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.conftest import REPO
+
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    config = "config/shop-generated.yaml"
+    gen = cdcflow(
+        "generate", "--config", config, "--events", "200", "--keys", "20",
+        "--expected", "expected-shop", cwd=tmp_path,
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    assert cdcflow("run", "--config", config, cwd=tmp_path).returncode == 0
+    shown = cdcflow("status", "--config", config, "--output", "json", cwd=tmp_path)
+    found = json.loads(shown.stdout)
+    names = [t["table"] for t in found["tables"]]
+    assert names and [s["table"] for s in found["schema"]] == names
+    for state in found["schema"]:
+        assert state["declared_version"] == state["recorded_version"] == 1
+        assert state["change"] == "created"
+    assert [x["table"] for x in found["lag"]] == names
+    per_table = {t["table"]: t for t in found["tables"]}
+    for table, reasons in found["quarantine"].items():
+        assert sum(reasons.values()) == per_table[table]["quarantined"]

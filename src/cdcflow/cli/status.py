@@ -90,6 +90,25 @@ def _show(found: Any, recent_syncs: int) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    for x in found.schema:
+        recorded = (
+            "none recorded yet"
+            if x.recorded_version is None
+            else (f"v{x.recorded_version} recorded {x.recorded_at:%Y-%m-%d %H:%M} UTC ({x.change})")
+        )
+        pending = (
+            ""
+            if x.recorded_version in (None, x.declared_version)
+            else (
+                "; the next run applies the declared version (or stops on an incompatible change)"
+            )
+        )
+        console.print(
+            f"contract {x.table}: declared v{x.declared_version}, {recorded}{pending}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if found.tables:
         table = Table(title="declared tables (every micro-batch)")
         for name in ("table", "batches", "accepted", "quarantined", "duplicates", "silver v"):

@@ -130,6 +130,27 @@ class Backlog:
     pending_batch: int | None
 
 
+@dataclass(frozen=True)
+class SchemaState:
+    """A declared table's contract: the version declared in the config and the latest one the
+    pipeline recorded (``audit/schema_log``) — they differ until the next run applies the
+    change, or refuses an incompatible one (``cdcflow schema``).
+
+    Attributes:
+        table: the declared table.
+        declared_version / recorded_version: the contract versions (recorded: None before the
+            first run).
+        recorded_at: when the recorded version was applied (UTC).
+        change: what that version changed (as the schema log says it).
+    """
+
+    table: str
+    declared_version: int
+    recorded_version: int | None
+    recorded_at: datetime | None
+    change: str | None
+
+
 @dataclass
 class PipelineStatus:
     """Everything ``cdcflow status`` shows.
@@ -146,6 +167,7 @@ class PipelineStatus:
         quarantine: per table, records quarantined in the last :data:`QUARANTINE_WINDOW` by
             reason code.
         tables / snowflake: declared tables' totals; Snowflake syncs.
+        schema: declared tables' contract versions, declared and recorded.
         problems: why the pipeline is not healthy (empty: healthy): stopped, or its lag above
             the threshold asked for.
     """
@@ -162,6 +184,7 @@ class PipelineStatus:
     quarantine: dict[str, dict[str, int]] = field(default_factory=dict)
     tables: list[TableStatus] = field(default_factory=list)
     snowflake: list[SnowflakeStatus] = field(default_factory=list)
+    schema: list[SchemaState] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -275,6 +298,28 @@ def _quarantine(config: CdcflowConfig, since: datetime) -> dict[str, dict[str, i
     return out
 
 
+def _schema_states(config: CdcflowConfig) -> list[SchemaState]:
+    log = _frame(config, "audit/schema_log")
+    out = []
+    for contract in config.contracts():
+        rows = (
+            log.filter(pl.col("table_name") == contract.name).sort("version", "applied_at")
+            if log is not None
+            else pl.DataFrame()
+        )
+        last = rows.row(-1, named=True) if rows.height else {}
+        out.append(
+            SchemaState(
+                table=contract.name,
+                declared_version=contract.version,
+                recorded_version=last.get("version"),
+                recorded_at=last.get("applied_at"),
+                change=last.get("change"),
+            )
+        )
+    return out
+
+
 def pipeline_status(
     config: CdcflowConfig,
     recent: int = 10,
@@ -346,6 +391,8 @@ def pipeline_status(
                     silver_version=rows["silver_version"].max() if rows.height else None,  # type: ignore[arg-type]
                 )
             )
+    if config.tables:
+        status.schema = _schema_states(config)
     syncs = _frame(config, "audit/snowflake_sync")
     if syncs is not None and syncs.height:
         added = {"mode": pl.String, "event_lag_p50_s": pl.Float64, "event_lag_p95_s": pl.Float64}
@@ -384,6 +431,7 @@ __all__ = [
     "RECENT_SYNCS",
     "Backlog",
     "PipelineStatus",
+    "SchemaState",
     "SnowflakeStatus",
     "TableStatus",
     "Throughput",
