@@ -587,3 +587,26 @@ def test_a_pattern_that_matches_no_topic_says_so(kafka_broker: str, tmp_path: Pa
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "no Kafka topic matches source.kafka" in done.stdout
+
+
+def test_status_shows_the_consumer_lag(kafka_broker: str, tmp_path: Path) -> None:
+    """``cdcflow status``'s backlog of a Kafka source: the records the topics hold beyond what
+    the pipeline staged and committed (``KafkaSource.pending``), 0 once it has caught up."""
+    from cdcflow.layers.status import pipeline_status
+
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    topics(prefix, accounts_partitions=2)
+    topic = f"{prefix}.public.accounts"
+    first = [(topic, i % 2, json.dumps(dbz("c", account_row(i), lsn=100 + i)).encode())
+             for i in range(1, 8)]  # fmt: skip
+    produce(first)
+    config = write_config(tmp_path, prefix)
+    assert pipeline_status(config).backlog.source_records == len(first)  # nothing staged yet
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert pipeline_status(config).backlog.source_records == 0
+    produce(first[:3])  # three more deliveries
+    backlog = pipeline_status(config).backlog
+    assert (backlog.source_records, backlog.source_error) == (3, "")
+    down = write_config(tmp_path / "down", prefix, bootstrap="127.0.0.1:9")
+    unknown = pipeline_status(down).backlog
+    assert unknown.source_records is None and "cannot reach Kafka" in unknown.source_error

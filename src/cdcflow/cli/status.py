@@ -167,9 +167,14 @@ def _show_flow(found: Any) -> None:
             if backlog.pending_batch is None
             else f"; micro-batch {backlog.pending_batch} has offsets and no commit marker yet"
         )
+        kafka = ""
+        if backlog.source_records is not None:
+            kafka = f"; Kafka consumer lag: {backlog.source_records} records"
+        elif backlog.source_error:
+            kafka = f"; Kafka consumer lag unknown: {backlog.source_error}"
         console.print(
             f"backlog: {backlog.files} landing file{'s' if backlog.files != 1 else ''} "
-            f"({backlog.bytes} bytes) not taken yet{pending}",
+            f"({backlog.bytes} bytes) not taken yet{pending}{kafka}",
             markup=False,
             highlight=False,
             soft_wrap=True,

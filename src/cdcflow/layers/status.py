@@ -123,11 +123,17 @@ class Backlog:
         bytes: their bytes not taken yet.
         pending_batch: a micro-batch with offsets but no commit marker (a run is processing
             it, or a crashed run left it for the next run to finish); None: none.
+        source_records: ``source.type: kafka``: the consumer lag — records of the matched
+            topics beyond what the pipeline staged, plus those of staged files not committed
+            yet (None: another source, or the broker could not be asked: ``source_error``).
+        source_error: why the broker could not be asked (empty: it was, or no broker).
     """
 
     files: int
     bytes: int
     pending_batch: int | None
+    source_records: int | None = None
+    source_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,19 @@ def _backlog(config: CdcflowConfig) -> Backlog:
         grown = before is not None and listed.size > before.size  # only the new bytes left
         left += listed.size - (before.size if before is not None and grown else 0)
     pending = checkpoint.pending() if checkpoint.offsets_dir.is_dir() else None
-    return Backlog(files, left, None if pending is None else pending.batch_id)
+    backlog = Backlog(files, left, None if pending is None else pending.batch_id)
+    if config.source.type == "kafka":
+        from dataclasses import replace
+
+        from cdcflow.errors import CdcflowError
+        from cdcflow.sources.kafka import KafkaSource
+
+        try:
+            lag = KafkaSource(config).pending(checkpoint)
+        except CdcflowError as exc:  # the broker down: the rest of the status still shows
+            return replace(backlog, source_error=str(exc))
+        return replace(backlog, source_records=lag)
+    return backlog
 
 
 def _quarantine(config: CdcflowConfig, since: datetime) -> dict[str, dict[str, int]]:
