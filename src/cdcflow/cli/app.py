@@ -187,6 +187,7 @@ def run(
 
         url = f"http://{metrics_host}:{metrics_port}/metrics"
         get_logger("metrics").info("metrics endpoint", extra={"url": url})
+        console.print(f"metrics: {url}", markup=False, highlight=False, soft_wrap=True)
     try:
         pipeline = Pipeline(settings)
     except ConfigError as exc:  # a setting the run cannot honour: name the file too
