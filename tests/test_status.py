@@ -44,7 +44,10 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
     before = json.loads(_status(workdir, "--output", "json").stdout)
     assert before["batches"] == 0 and not before["running"]
     sizes = sorted(p.stat().st_size for p in (workdir / "landing").glob("*.jsonl"))
-    assert before["backlog"] == {"files": 4, "bytes": sum(sizes), "pending_batch": None}
+    assert before["backlog"] == {
+        "files": 4, "bytes": sum(sizes), "pending_batch": None,
+        "source_records": None, "source_error": "",  # a Kafka source's consumer lag only
+    }  # fmt: skip
 
     run = cdcflow("run", "--config", "cdcflow.yaml", "--trigger", "once", cwd=workdir)
     assert run.returncode == 0, run.stderr
@@ -53,7 +56,10 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
     found = json.loads(_status(workdir, "--output", "json", "--batches", "1").stdout)
     log = _lake(workdir, "audit/batch_log").row(0, named=True)
     assert found["running"] is False and found["lock_holder"] == ""
-    assert found["backlog"] == {"files": 1, "bytes": extra.stat().st_size, "pending_batch": None}
+    assert found["backlog"] == {
+        "files": 1, "bytes": extra.stat().st_size, "pending_batch": None,
+        "source_records": None, "source_error": "",
+    }  # fmt: skip
     recent = found["recent"]
     assert recent["batches"] == 1 and recent["records"] == log["records_received"]
     assert recent["events"] == log["accepted"] - log["duplicates"]
