@@ -260,7 +260,7 @@ def _throughput(batches: pl.DataFrame, recent: int) -> Throughput:
 
 
 def _backlog(config: CdcflowConfig) -> Backlog:
-    from cdcflow.sources.files import list_landing
+    from cdcflow.sources.files import list_landing, unchanged
     from cdcflow.state.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(config.checkpoint.location)
@@ -268,11 +268,7 @@ def _backlog(config: CdcflowConfig) -> Backlog:
     files, left = 0, 0
     for listed in list_landing(config.source.path):
         before = taken.get(listed.path)
-        if before is not None and (listed.size, listed.mtime_ns, listed.inode) == (
-            before.size,
-            before.mtime_ns,
-            before.inode,
-        ):
+        if unchanged(listed, before):
             continue
         files += 1
         grown = before is not None and listed.size > before.size  # only the new bytes left

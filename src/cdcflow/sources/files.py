@@ -256,13 +256,19 @@ def plan_landing(
     return plan, young
 
 
-def _plan_one(listed: LandingFile, before: LandingFile | None) -> LandingFile | None:
-    if before is not None and (listed.size, listed.mtime_ns, listed.inode) == (
+def unchanged(listed: LandingFile, before: LandingFile | None) -> bool:
+    """True when a listed landing file is the one a micro-batch took (same size, modification
+    time and inode): nothing of it is left to take."""
+    return before is not None and (listed.size, listed.mtime_ns, listed.inode) == (
         before.size,
         before.mtime_ns,
         before.inode,
-    ):
-        return None  # unchanged
+    )
+
+
+def _plan_one(listed: LandingFile, before: LandingFile | None) -> LandingFile | None:
+    if unchanged(listed, before):
+        return None
     cut = None if before is None else before.size
     digest, read, prefix, prefix_ends_line = fingerprint(listed.path, listed.size, cut)
     listed = replace(listed, size=read, sha256=digest)
