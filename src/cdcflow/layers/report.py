@@ -49,16 +49,10 @@ PLOTS = (
 
 def _read(config: CdcflowConfig, name: str, columns: list[str] | None = None) -> pl.DataFrame:
     """Table ``name`` (only ``columns``), or an empty frame when it does not exist."""
-    uri = config.table_uri(name)
-    options = config.storage.options or None
-    if not DeltaTable.is_deltatable(uri, storage_options=options):
-        return pl.DataFrame()
-    table = DeltaTable(uri, storage_options=options)
-    names = table.schema().to_arrow().names
-    wanted = None if columns is None else [c for c in columns if c in names]
-    frame = pl.from_arrow(table.to_pyarrow_table(columns=wanted))
-    assert isinstance(frame, pl.DataFrame)
-    return frame
+    from cdcflow.layers.status import read_table
+
+    frame = read_table(config, name, columns)
+    return pl.DataFrame() if frame is None else frame
 
 
 def _empty(go: Any, title: str) -> Any:

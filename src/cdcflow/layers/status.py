@@ -209,12 +209,20 @@ class PipelineStatus:
         return out
 
 
-def _frame(config: CdcflowConfig, name: str) -> pl.DataFrame | None:
+def read_table(
+    config: CdcflowConfig, name: str, columns: list[str] | None = None
+) -> pl.DataFrame | None:
+    """The Delta table ``name`` under ``storage.root`` (only those of ``columns`` it has: an
+    older table may lack a newer column), or None when it does not exist yet."""
     uri = config.table_uri(name)
     options = config.storage.options or None
     if not DeltaTable.is_deltatable(uri, storage_options=options):
         return None
-    frame = pl.from_arrow(DeltaTable(uri, storage_options=options).to_pyarrow_table())
+    table = DeltaTable(uri, storage_options=options)
+    if columns is not None:
+        names = set(table.schema().to_arrow().names)
+        columns = [c for c in columns if c in names]
+    frame = pl.from_arrow(table.to_pyarrow_table(columns=columns))
     assert isinstance(frame, pl.DataFrame)
     return frame
 
@@ -292,16 +300,10 @@ def _backlog(config: CdcflowConfig) -> Backlog:
 def _quarantine(config: CdcflowConfig, since: datetime) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for contract in config.contracts():
-        uri = config.table_uri(contract.table_names.quarantine)
-        options = config.storage.options or None
-        if not DeltaTable.is_deltatable(uri, storage_options=options):
+        columns = ["quarantined_at", "failure_reason"]
+        rows = read_table(config, contract.table_names.quarantine, columns)
+        if rows is None:
             continue
-        rows = pl.from_arrow(
-            DeltaTable(uri, storage_options=options).to_pyarrow_table(
-                columns=["quarantined_at", "failure_reason"]
-            )
-        )
-        assert isinstance(rows, pl.DataFrame)
         counts = (
             rows.filter(pl.col("quarantined_at") >= since)
             .group_by("failure_reason")
@@ -313,7 +315,7 @@ def _quarantine(config: CdcflowConfig, since: datetime) -> dict[str, dict[str, i
 
 
 def _schema_states(config: CdcflowConfig) -> list[SchemaState]:
-    log = _frame(config, "audit/schema_log")
+    log = read_table(config, "audit/schema_log")
     out = []
     for contract in config.contracts():
         rows = (
@@ -362,7 +364,7 @@ def pipeline_status(
         status.problems.append("stopped: no run holds the checkpoint's lock")
     status.backlog = _backlog(config)
     status.quarantine = _quarantine(config, now - QUARANTINE_WINDOW)
-    batches = _frame(config, "audit/batch_log")
+    batches = read_table(config, "audit/batch_log")
     if batches is not None and batches.height:
         from cdcflow.layers.lag import end_to_end_lag
 
@@ -391,7 +393,7 @@ def pipeline_status(
             quarantined=last["quarantined"],
             snowflake_sync_lag_s=_float(last.get("snowflake_sync_lag_s")),
         )
-    per_table = _frame(config, "audit/table_batch_log") if config.tables else None
+    per_table = read_table(config, "audit/table_batch_log") if config.tables else None
     if per_table is not None:
         for contract in config.contracts():
             rows = per_table.filter(pl.col("table_name") == contract.name)
@@ -407,7 +409,7 @@ def pipeline_status(
             )
     if config.tables:
         status.schema = _schema_states(config)
-    syncs = _frame(config, "audit/snowflake_sync")
+    syncs = read_table(config, "audit/snowflake_sync")
     if syncs is not None and syncs.height:
         added = {"mode": pl.String, "event_lag_p50_s": pl.Float64, "event_lag_p95_s": pl.Float64}
         for name, dtype in added.items():
@@ -450,4 +452,5 @@ __all__ = [
     "TableStatus",
     "Throughput",
     "pipeline_status",
+    "read_table",
 ]
