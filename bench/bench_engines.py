@@ -47,6 +47,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.generator import GeneratorConfig, generate
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.reference import SILVER_COLUMNS
@@ -82,7 +83,7 @@ def _config(
 
 
 def _silver(config: CdcflowConfig) -> pl.DataFrame:
-    frame = pl.from_arrow(DeltaTable(config.table_uri("silver/customers")).to_pyarrow_table())
+    frame = pl.from_arrow(read_arrow(DeltaTable(config.table_uri("silver/customers"))))
     assert isinstance(frame, pl.DataFrame)
     return frame.select(SILVER_COLUMNS).sort("customer_id")
 
@@ -94,7 +95,7 @@ def _median(values: list[float]) -> float | None:
 def _micro_batches(config: CdcflowConfig, stages: list[dict[str, float]]) -> dict[str, Any]:
     """Per micro-batch figures from ``audit/batch_log`` and the reports' stage seconds: medians
     over the warm micro-batches (all but the first, which also creates the tables)."""
-    log = pl.from_arrow(DeltaTable(config.table_uri("audit/batch_log")).to_pyarrow_table())
+    log = pl.from_arrow(read_arrow(DeltaTable(config.table_uri("audit/batch_log"))))
     assert isinstance(log, pl.DataFrame)
     warm = log.sort("batch_id").slice(1)
     jobs = [n for n in log["spark_jobs"].to_list() if n is not None]

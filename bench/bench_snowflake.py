@@ -58,6 +58,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_pipeline import RESULTS, machine
+from cdcflow.engines.local.delta import read_arrow
 
 
 def _config(work: Path, method: str) -> Any:
@@ -233,7 +234,7 @@ def _received(work: Path) -> int:
     """Records the pipeline has committed (``audit/batch_log``)."""
     from deltalake import DeltaTable
 
-    log = DeltaTable(str(work / "lake" / "audit" / "batch_log")).to_pyarrow_table()
+    log = read_arrow(DeltaTable(str(work / "lake" / "audit" / "batch_log")))
     return int(sum(log.column("records_received").to_pylist()))
 
 
@@ -249,7 +250,7 @@ def _synced(work: Path) -> bool:
     log = work / "lake" / SYNC_LOG_TABLE
     if not DeltaTable.is_deltatable(str(log)):  # no sync recorded yet
         return False
-    frame = pl.from_arrow(DeltaTable(str(log)).to_pyarrow_table())
+    frame = pl.from_arrow(read_arrow(DeltaTable(str(log))))
     assert isinstance(frame, pl.DataFrame)
     for name, target in {SILVER_TABLE: DIM_TABLE, **GOLD_TABLES}.items():
         path = work / "lake" / name
@@ -320,7 +321,7 @@ def continuous(work: Path, customers: int, seconds: int, rate: int) -> dict[str,
             process.wait(timeout=120)
         for log_file in logs:
             log_file.close()
-    frame = pl.from_arrow(DeltaTable(str(work / "lake" / SYNC_LOG_TABLE)).to_pyarrow_table())
+    frame = pl.from_arrow(read_arrow(DeltaTable(str(work / "lake" / SYNC_LOG_TABLE))))
     assert isinstance(frame, pl.DataFrame)
     dim = frame.filter(
         (pl.col("target_table") == "DIM_CUSTOMER_CURRENT") & (pl.col("mode") == "continuous")

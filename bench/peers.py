@@ -48,6 +48,8 @@ from typing import Any
 
 import psutil
 
+from cdcflow.engines.local.delta import read_arrow
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ATTRIBUTES = ("customer_name", "email", "phone", "city", "country", "status")
 PEERS = ("duckdb", "dlt", "cdcflow")
@@ -177,7 +179,7 @@ def run_cdcflow(landing: Path, work: Path) -> dict[str, dict[str, Any]]:
         logging={"level": "WARNING"},
     )
     Pipeline(config).run(Trigger.parse("available-now"))
-    silver = pl.from_arrow(DeltaTable(config.table_uri("silver/customers")).to_pyarrow_table())
+    silver = pl.from_arrow(read_arrow(DeltaTable(config.table_uri("silver/customers"))))
     assert isinstance(silver, pl.DataFrame)
     return {
         r["customer_id"]: {k: r[k] for k in (*ATTRIBUTES, "is_deleted")} for r in silver.to_dicts()

@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, Phase, settings
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.reference import SILVER_COLUMNS
 from tests.oracle import Expected, Oracle
@@ -312,7 +313,7 @@ class Lake:
         return Pipeline(self.config).run(Trigger.parse(trigger))
 
     def table(self, name: str) -> pl.DataFrame:
-        frame = pl.from_arrow(DeltaTable(self.config.table_uri(name)).to_pyarrow_table())
+        frame = pl.from_arrow(read_arrow(DeltaTable(self.config.table_uri(name))))
         assert isinstance(frame, pl.DataFrame)
         return frame
 

@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import ConfigError
 from cdcflow.model.contracts import TableContract
 from cdcflow.pipeline import Pipeline, Trigger
@@ -557,7 +558,7 @@ def debezium_stream(draw: st.DrawFn) -> tuple[list[str], list[int]]:
 
 
 def table_rows(config: CdcflowConfig, name: str) -> list[dict[str, Any]]:
-    return DeltaTable(config.table_uri(name)).to_pyarrow_table().to_pylist()
+    return read_arrow(DeltaTable(config.table_uri(name))).to_pylist()
 
 
 def expected_state(config: CdcflowConfig, lines: list[str], contract: TableContract) -> dict:

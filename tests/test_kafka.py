@@ -32,6 +32,7 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 
 from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.reference import fold_changes
@@ -157,7 +158,7 @@ def topics(prefix: str, accounts_partitions: int = 3, bootstrap: str = BOOTSTRAP
 
 
 def rows(config: CdcflowConfig, name: str) -> list[dict[str, Any]]:
-    return DeltaTable(config.table_uri(name)).to_pyarrow_table().to_pylist()
+    return read_arrow(DeltaTable(config.table_uri(name))).to_pylist()
 
 
 def delivered(config: CdcflowConfig) -> list[tuple[str, int, int]]:

@@ -20,6 +20,7 @@ import polars as pl
 import pytest
 from deltalake import DeltaTable
 
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.engines.local.fold import batch_tombstones, fold_events, to_source_table
 from cdcflow.errors import ConfigError
 from cdcflow.layers.tables import SILVER, register
@@ -776,7 +777,7 @@ def merge_batches(root: Path, batches: list[list[CdcEvent]], mode: str) -> dict[
     tombstones: dict[str, str] = {}
     for batch in batches:
         table = DeltaTable(uri)
-        targets = table.to_pyarrow_table(columns=["customer_id"]).column(0).to_pylist()
+        targets = read_arrow(table, columns=["customer_id"]).column(0).to_pylist()
         prior = tombstones_frame(tombstones) if mode == "hard" else None
         source = fold_events(frame(batch), mode, prior)  # type: ignore[arg-type]
         source = source.filter(
@@ -794,7 +795,7 @@ def merge_batches(root: Path, batches: list[list[CdcEvent]], mode: str) -> dict[
         for e in batch:
             if e.operation is Operation.DELETE and e.sequence > tombstones.get(e.customer_id, ""):
                 tombstones[e.customer_id] = e.sequence
-    rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    rows = read_arrow(DeltaTable(uri)).to_pylist()
     return {r["customer_id"]: public(r) for r in rows}
 
 

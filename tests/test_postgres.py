@@ -23,6 +23,7 @@ import pytest
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.model.lsn import parse_lsn
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.reference import SILVER_COLUMNS
@@ -86,7 +87,7 @@ class PgLake:
         return Pipeline(self.config).run(Trigger.parse(trigger))
 
     def table(self, name: str) -> pl.DataFrame:
-        frame = pl.from_arrow(DeltaTable(self.config.table_uri(name)).to_pyarrow_table())
+        frame = pl.from_arrow(read_arrow(DeltaTable(self.config.table_uri(name))))
         assert isinstance(frame, pl.DataFrame)
         return frame
 

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from cdcflow.cli.app import app
 from cdcflow.engines.local import replay
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.generator import GeneratorConfig, expected_outcome, generate
 from cdcflow.layers.tables import SILVER
 from cdcflow.plan.reference import SILVER_COLUMNS
@@ -69,7 +70,7 @@ def test_apply_replaces_silver_in_one_commit_and_logs_it(tmp_path) -> None:
     assert DeltaTable(silver_uri).version() == damaged_version + 1  # exactly one commit
     assert replay.verify(lake.config, replay.rebuild_shadow(lake.config)).verified is True
     # the damaged state is still reachable by time travel
-    old = pl.from_arrow(DeltaTable(silver_uri, version=damaged_version).to_pyarrow_table())
+    old = pl.from_arrow(read_arrow(DeltaTable(silver_uri, version=damaged_version)))
     assert isinstance(old, pl.DataFrame)
     assert old.filter(pl.col("customer_id") == victim)["city"].item() == "Atlantis"
     log = lake.table("audit/batch_log").filter(pl.col("kind") == "replay")

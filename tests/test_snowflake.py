@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from typer.testing import CliRunner
 
 from cdcflow.config import SnowflakeSection
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import ConfigError
 from cdcflow.plan.reference import SILVER_COLUMNS
 from cdcflow.sinks.snowflake.connection import connect
@@ -256,7 +257,7 @@ def test_gold_tables_equal_agg_tables(sf_lake: Lake, method: str) -> None:
     assert result.gold and all(g.equal for g in result.gold), [
         (g.target, g.missing, g.extra) for g in result.gold
     ]
-    status = DeltaTable(sf_lake.config.table_uri("gold/status_distribution")).to_pyarrow_table()
+    status = read_arrow(DeltaTable(sf_lake.config.table_uri("gold/status_distribution")))
     with connect(sf_lake.config) as conn:
         count = conn.cursor().execute("SELECT COUNT(*) FROM AGG_STATUS_DISTRIBUTION").fetchone()
     assert count is not None and count[0] == status.num_rows

@@ -38,6 +38,7 @@ import yaml
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.generator import GeneratorConfig, generate
 from tests.conftest import CLUSTER_CONF, REPO, require_spark, stop_after_run
 
@@ -205,12 +206,12 @@ def test_driver_memory_does_not_grow_with_the_customers(spark_cluster: str, tmp_
         assert run["returncode"] == 0, run["output"]
         assert run["python_kib"] > 0 and run["jvm_kib"] > 0, run
         # the run did the work: every valid source change is in Bronze, every key in Silver
-        bronze = DeltaTable(config.table_uri("bronze/customer_events")).to_pyarrow_table(
-            columns=["event_id"]
+        bronze = read_arrow(
+            DeltaTable(config.table_uri("bronze/customer_events")), columns=["event_id"]
         )
         assert bronze.num_rows >= summary.valid_events
-        silver = DeltaTable(config.table_uri("silver/customers")).to_pyarrow_table(
-            columns=["customer_id"]
+        silver = read_arrow(
+            DeltaTable(config.table_uri("silver/customers")), columns=["customer_id"]
         )
         assert silver.num_rows > customers // 5  # (about a third of the customers have an event)
         peaks[customers] = run

@@ -20,6 +20,7 @@ import yaml
 from deltalake import DeltaTable
 
 from cdcflow.config import load_config
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.model.contracts import TableContract, check_constraints, coerce, normalise
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, route_name
 from cdcflow.plan.rules import Rejection, parse_record
@@ -200,7 +201,7 @@ def test_a_generated_workload_runs_and_reconciles_table_by_table(tmp_path: Path)
     assert "not a folder" in wrong.stderr
     # a Silver row lost behind the pipeline's back: the replay finds it
     visits = DeltaTable(str(lake / "silver" / "visits"))
-    site = visits.to_pyarrow_table(columns=["site"])["site"][0].as_py()
+    site = read_arrow(visits, columns=["site"])["site"][0].as_py()
     visits.delete(f"site = '{site}'")
     lost = cli("replay", "--config", str(config), "--verify", "--output", "json", cwd=tmp_path)
     assert lost.returncode == 1, lost.stdout + lost.stderr

@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.layers.schema_log import SchemaDriftError, recorded_contracts
 from cdcflow.model.contracts import CUSTOMERS, TableContract
 from cdcflow.pipeline import Pipeline, Trigger
@@ -118,7 +119,7 @@ def rec(
 
 
 def rows(config: CdcflowConfig, name: str) -> list[dict[str, Any]]:
-    return DeltaTable(config.table_uri(name)).to_pyarrow_table().to_pylist()
+    return read_arrow(DeltaTable(config.table_uri(name))).to_pylist()
 
 
 def silver(config: CdcflowConfig, contract: TableContract) -> dict[tuple[Any, ...], dict]:
@@ -750,7 +751,7 @@ def test_a_widened_column_type_is_applied_and_narrowing_stops(tmp_path: Path) ->
         ("silver/accounts_history", "balance", pa.decimal128(15, 3)),
         ("silver/order_lines_history", "quantity", pa.decimal128(20, 0)),
     ):
-        schema = DeltaTable(config.table_uri(name)).to_pyarrow_table().schema
+        schema = read_arrow(DeltaTable(config.table_uri(name))).schema
         assert schema.field(column).type == wanted, name
     assert_silver_is_the_fold(config, first + second)
     history = sorted(rows(config, "silver/accounts_history"), key=lambda r: r["sequence"])

@@ -14,6 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.layers.validation import validate_silver
 from cdcflow.model.contracts import (
     CUSTOMERS,
@@ -154,7 +155,7 @@ def test_cli_passes_on_a_pipeline_silver_then_fails_on_a_tampered_one(tmp_path: 
     assert "PASS" in passed.stdout and "customers" in passed.stdout
 
     silver = DeltaTable(lake.config.table_uri("silver/customers"))
-    stored = silver.to_pyarrow_table()
+    stored = read_arrow(silver)
     rows = stored.to_pylist()
     live = next(r for r in rows if r["customer_id"] == "C-1")
     tampered = [{**live, "status": "BOGUS", "email": "leak@example.com"}]  # and C-1 twice

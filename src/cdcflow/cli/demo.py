@@ -36,6 +36,7 @@ from rich.table import Table
 
 from cdcflow.cli.app import console
 from cdcflow.config import CdcflowConfig, load_config
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import CdcflowError
 
 DEMO_MARKER = "cdcflow.yaml"
@@ -293,7 +294,7 @@ def step_tables(ctx: DemoContext) -> tuple[bool, str]:
     for name, report in reports_by_table.items():
         verdict = "[green]MATCH[/]" if report.ok else "[red]MISMATCH[/]"
         print_report(report, f"{name}: reconciliation ({report.kind}): {verdict}")
-    log = DeltaTable(config.table_uri("audit/schema_log")).to_pyarrow_table().to_pylist()
+    log = read_arrow(DeltaTable(config.table_uri("audit/schema_log"))).to_pylist()
     evolved = any(r["table_name"] == "accounts" and "tier" in r["change"] for r in log)
     matched = sum(r.ok for r in reports_by_table.values())
     return evolved and matched == len(reports_by_table), (

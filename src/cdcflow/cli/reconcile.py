@@ -20,6 +20,7 @@ from rich.table import Table
 
 from cdcflow.cli.app import ConfigOption, console, load
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import CdcflowError, MissingDependencyError
 from cdcflow.plan.reference import SILVER_COLUMNS
 
@@ -145,7 +146,7 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
             config.table_uri(contract.table_names.silver),
             storage_options=config.storage.options or None,
         )
-        actual = pl.from_arrow(silver.to_pyarrow_table(columns=columns))
+        actual = pl.from_arrow(read_arrow(silver, columns=columns))
         assert isinstance(actual, pl.DataFrame)
         reports[contract.name] = reconcile_table(
             actual, frame, contract, expected_label=str(path), actual_label=contract.name

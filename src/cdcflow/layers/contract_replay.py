@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import TableError
 from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.schema_log import SCHEMA_LOG, recorded_contracts
@@ -123,9 +124,7 @@ def _truncate_records(config: CdcflowConfig, table: str, until: datetime | None)
         assert isinstance(empty, pl.DataFrame)
         return empty
     frame = pl.from_arrow(
-        stored.to_pyarrow_table(
-            columns=["table_name", "raw_payload", "ingested_at", "is_duplicate"]
-        )
+        read_arrow(stored, columns=["table_name", "raw_payload", "ingested_at", "is_duplicate"])
     )
     assert isinstance(frame, pl.DataFrame)
     keep = (pl.col("table_name") == table) & ~pl.col("is_duplicate")
@@ -150,7 +149,7 @@ def replay_table(
     tables = contract_tables(contract)
     bronze = _open(config, tables.bronze.name, to_version)
     read = pl.from_arrow(
-        bronze.to_pyarrow_table(columns=["raw_payload", "ingested_at", "is_duplicate", "sequence"])
+        read_arrow(bronze, columns=["raw_payload", "ingested_at", "is_duplicate", "sequence"])
     )
     assert isinstance(read, pl.DataFrame)
     rows = read.filter(~pl.col("is_duplicate")).sort("sequence")
@@ -188,8 +187,8 @@ def replay_table(
     expected = contract_state_frame(contract, state)
     result.silver_rows = expected.height
     live = pl.from_arrow(
-        _open(config, tables.silver.name).to_pyarrow_table(
-            columns=contract_public_schema(contract).names
+        read_arrow(
+            _open(config, tables.silver.name), columns=contract_public_schema(contract).names
         )
     )
     assert isinstance(live, pl.DataFrame)

@@ -20,6 +20,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class TableLag:
 
 def _read(config: CdcflowConfig, name: str, columns: list[str]) -> pl.DataFrame:
     table = DeltaTable(config.table_uri(name), storage_options=config.storage.options or None)
-    frame = pl.from_arrow(table.to_pyarrow_table(columns=columns))
+    frame = pl.from_arrow(read_arrow(table, columns=columns))
     assert isinstance(frame, pl.DataFrame)
     return frame
 

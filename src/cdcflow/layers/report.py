@@ -29,6 +29,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import arrow_dataset, read_arrow
 from cdcflow.errors import MissingDependencyError
 
 #: The plots whose x axis is the micro-batch id.
@@ -184,11 +185,11 @@ def _silver_versions(config: CdcflowConfig, go: Any) -> Any:
             table = DeltaTable(uri, version=version, storage_options=options)
             names = table.schema().to_arrow().names
             if "is_deleted" in names:
-                flags = table.to_pyarrow_table(columns=["is_deleted"]).column(0).to_pylist()
+                flags = read_arrow(table, columns=["is_deleted"]).column(0).to_pylist()
                 gone = sum(1 for f in flags if f)
                 rows = len(flags)
             else:  # hard deletes remove the row: nothing deleted stays
-                rows, gone = table.to_pyarrow_dataset().count_rows(), 0
+                rows, gone = arrow_dataset(table).count_rows(), 0
             versions.append(version)
             live.append(rows - gone)
             deleted.append(gone)

@@ -51,6 +51,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import ConfigError
 from cdcflow.layers.contract_tables import arrow_type, contract_tables
 from cdcflow.layers.tables import TS, TableSpec, register
@@ -201,7 +202,7 @@ def infer_type(values: list[Any]) -> str:
 def evolved_columns(log_table: DeltaTable) -> dict[str, list[ColumnSpec]]:
     """Table name → the columns added from event fields (``EVOLVED`` rows of the log), as the
     table's latest recorded contract declares them, in the order they were added."""
-    rows = log_table.to_pyarrow_table(columns=["table_name", "change", "applied_at"]).to_pylist()
+    rows = read_arrow(log_table, columns=["table_name", "change", "applied_at"]).to_pylist()
     recorded = recorded_contracts(log_table)
     out: dict[str, list[ColumnSpec]] = {}
     for row in sorted(rows, key=lambda r: r["applied_at"]):
@@ -258,7 +259,7 @@ def widen_column(table: DeltaTable, column: str, target: pa.DataType) -> bool:
     arrow_schema = pa.schema(schema)  # arro3 → pyarrow
     if column not in arrow_schema.names or arrow_schema.field(column).type == target:
         return False
-    data = table.to_pyarrow_table()
+    data = read_arrow(table)
     index = data.schema.get_field_index(column)
     cast = data.column(index).cast(target)
     data = data.set_column(index, data.schema.field(index).with_type(target), cast)
@@ -332,7 +333,7 @@ def retire(root: Path, contract: TableContract, old: TableContract, now: datetim
 
 def recorded_contracts(log_table: DeltaTable) -> dict[str, TableContract]:
     """Table name → the contract its Delta tables hold: the latest ``audit/schema_log`` row."""
-    rows = log_table.to_pyarrow_table(columns=["table_name", "contract", "applied_at"]).to_pylist()
+    rows = read_arrow(log_table, columns=["table_name", "contract", "applied_at"]).to_pylist()
     latest: dict[str, dict] = {}
     for row in sorted(rows, key=lambda r: r["applied_at"]):
         latest[row["table_name"]] = row

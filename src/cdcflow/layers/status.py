@@ -21,6 +21,7 @@ import polars as pl
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.layers.lag import TableLag
 
 #: How many of a Snowflake table's latest syncs the recent event-lag figures cover.
@@ -222,7 +223,7 @@ def read_table(
     if columns is not None:
         names = set(table.schema().to_arrow().names)
         columns = [c for c in columns if c in names]
-    frame = pl.from_arrow(table.to_pyarrow_table(columns=columns))
+    frame = pl.from_arrow(read_arrow(table, columns=columns))
     assert isinstance(frame, pl.DataFrame)
     return frame
 

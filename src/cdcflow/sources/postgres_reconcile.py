@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from cdcflow.engines.local.delta import read_arrow
 from cdcflow.model.events import ATTRIBUTES
 from cdcflow.model.lsn import format_pg_lsn
 from cdcflow.reconcile import ReconcileReport, reconcile_snapshot
@@ -197,7 +198,7 @@ def reconcile_postgres_tables(config: CdcflowConfig) -> dict[str, ReconcileRepor
                 config.table_uri(contract.table_names.silver),
                 storage_options=config.storage.options or None,
             )
-            actual = pl.from_arrow(silver.to_pyarrow_table(columns=public.names))
+            actual = pl.from_arrow(read_arrow(silver, columns=public.names))
             assert isinstance(actual, pl.DataFrame)
             report = reconcile_table(
                 actual.filter(~pl.col("is_deleted")),

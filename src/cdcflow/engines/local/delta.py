@@ -308,7 +308,11 @@ def _scan_via_delta_rs(table: DeltaTable) -> pl.LazyFrame:
         batch_size: int | None,
     ) -> Iterator[pl.DataFrame]:
         left = n_rows
-        for batch in dataset.to_batches(columns=with_columns, batch_size=batch_size or 131_072):
+        for batch in dataset.to_batches(
+            columns=with_columns,
+            batch_size=batch_size or 131_072,
+            fragment_scan_options=SCAN_OPTIONS,
+        ):
             frame = pl.DataFrame(pl.from_arrow(batch))
             frame = frame.cast({k: schema[k] for k in frame.columns})
             if predicate is not None:
@@ -323,27 +327,77 @@ def _scan_via_delta_rs(table: DeltaTable) -> pl.LazyFrame:
     return register_io_source(batches, schema=schema, is_pure=True)
 
 
-def read_arrow(table: DeltaTable, columns: Sequence[str] | None = None) -> pa.Table:
+#: Parquet scan options of every PyArrow read of a Delta table: no pre-buffering (reading column
+#: chunks ahead on Arrow's I/O threads), so a finished scan leaves no read in flight.
+SCAN_OPTIONS = ds.ParquetFragmentScanOptions(pre_buffer=False)
+
+
+def read_arrow(
+    table: DeltaTable,
+    columns: Sequence[str] | None = None,
+    filter: pc.Expression | None = None,
+) -> pa.Table:
     """Eager PyArrow read of the table's loaded version (Arrow types kept as stored).
 
     Reads through delta-rs' own dataset, which resolves percent-encoded file URIs (see
-    :func:`scan_table`).
+    :func:`scan_table`), without pre-buffering (:data:`SCAN_OPTIONS`). Use this, not
+    ``DeltaTable.to_pyarrow_table``.
 
     Args:
         table: the table at the version to read.
         columns: the columns to read (None: all).
+        filter: rows to keep (None: all).
 
     Returns:
-        Every row of that version.
+        Every (matching) row of that version.
     """
-    return arrow_dataset(table).to_table(columns=None if columns is None else list(columns))
+    return arrow_dataset(table).to_table(
+        columns=None if columns is None else list(columns),
+        filter=filter,
+        fragment_scan_options=SCAN_OPTIONS,
+    )
+
+
+def arrow_batches(
+    table: DeltaTable, columns: Sequence[str] | None = None, batch_size: int = 131_072
+) -> Iterator[pa.RecordBatch]:
+    """Streamed PyArrow read of the table's loaded version: record batches of at most
+    ``batch_size`` rows, read as by :func:`read_arrow`.
+
+    Args:
+        table: the table at the version to read.
+        columns: the columns to read (None: all).
+        batch_size: most rows per batch.
+
+    Yields:
+        The rows of that version, batch by batch.
+    """
+    yield from arrow_dataset(table).to_batches(
+        columns=None if columns is None else list(columns),
+        batch_size=batch_size,
+        fragment_scan_options=SCAN_OPTIONS,
+    )
 
 
 def arrow_dataset(table: DeltaTable) -> ds.Dataset:
-    """delta-rs' PyArrow dataset of the table's loaded version, for streamed reads.
+    """delta-rs' PyArrow dataset of the table's loaded version (metadata and row counts; read
+    its rows with :func:`read_arrow` or :func:`arrow_batches`).
 
-    delta-rs resolves the (percent-encoded) file URIs of local and object-store tables itself.
+    A local table whose files all lie under its root is read through PyArrow's native local
+    file system. Otherwise delta-rs resolves the (percent-encoded) file URIs itself, through a
+    Python file system; Arrow releases a scan's fragments on its own threads after the scan
+    returns, and one that does so while the interpreter exits needs the GIL there and aborts the
+    process ("terminate called without an active exception", apache/arrow#34314) — which the
+    native file system avoids.
     """
+    if table.table_uri.startswith("file://") and _local_file_paths(table) is not None:
+        from urllib.parse import unquote
+
+        import pyarrow.fs as pa_fs
+
+        root = unquote(table.table_uri.removeprefix("file://").rstrip("/"))
+        local = pa_fs.SubTreeFileSystem(root, pa_fs.LocalFileSystem())
+        return table.to_pyarrow_dataset(filesystem=local)
     return table.to_pyarrow_dataset()
 
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.delta import read_arrow
+from cdcflow.engines.local.delta import arrow_batches, arrow_dataset, read_arrow
 from cdcflow.errors import CdcflowError, ConfigError, TableError
 from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.connection import connect, target_of
@@ -464,8 +464,7 @@ def snapshot_chunks(
 ) -> Iterator[pl.DataFrame]:
     """The public Silver columns of ``table``'s loaded version as ``UPSERT`` rows, ``rows`` at a
     time (a full refresh streamed: never the whole table in memory)."""
-    dataset = table.to_pyarrow_dataset()
-    for batch in dataset.to_batches(columns=list(target.names), batch_size=rows):
+    for batch in arrow_batches(table, target.names, batch_size=rows):
         frame = pl.from_arrow(batch)
         assert isinstance(frame, pl.DataFrame)
         if frame.height:
@@ -766,7 +765,7 @@ def sync_dim(
             report.median_event_at, report.early_event_at = event_time_quantiles(changes, target)
         sync_id = uuid.uuid4().hex
         file_rows = config.snowflake.bulk_file_rows
-        if changes is None and use_bulk(config, silver.to_pyarrow_dataset().count_rows()):
+        if changes is None and use_bulk(config, arrow_dataset(silver).count_rows()):
             chunks: Iterable[pl.DataFrame] = snapshot_chunks(silver, file_rows, target)
         elif changes is None:
             changes = read_snapshot(silver, current, target)
