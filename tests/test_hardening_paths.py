@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from cdcflow.cli.app import app
 from cdcflow.config import SnowflakeSection
 from cdcflow.engines.local import replay
-from cdcflow.engines.local.delta import _scan_via_delta_rs, read_arrow, scan_table
+from cdcflow.engines.local.delta import _scan_via_delta_rs, arrow_dataset, read_arrow, scan_table
 from cdcflow.engines.local.gold import refresh_gold
 from cdcflow.generator import GeneratorConfig, expected_outcome, generate
 from cdcflow.layers.asof import customer_state_as_of, silver_at_version
@@ -87,6 +87,24 @@ def write_config(lake: Lake) -> Path:
     }
     path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
     return path
+
+
+def test_arrow_reads_of_a_local_table_use_the_native_file_system(odd_dir: Path) -> None:
+    """PyArrow reads of a local table, even under an escaped root and with partition values
+    that need escaping, go through Arrow's own local file system, not delta-rs' Python one (a
+    scan over the Python one can abort the process at exit: apache/arrow#34314), and still read
+    every row with its partition value."""
+    import pyarrow as pa
+    import pyarrow.fs as pa_fs
+    from deltalake import write_deltalake
+
+    uri = str(odd_dir / "t")
+    data = pa.table({"k": ["a", "b", "c", "d"], "p": ["x y/z%", "q=r", "é", "x y/z%"]})
+    write_deltalake(uri, data, partition_by=["p"])
+    table = DeltaTable(uri)
+    assert not isinstance(arrow_dataset(table).filesystem, pa_fs.PyFileSystem)
+    rows = sorted(read_arrow(table).to_pylist(), key=lambda row: row["k"])
+    assert rows == sorted(data.to_pylist(), key=lambda row: row["k"])
 
 
 def test_scan_table_reads_files_under_an_escaped_root(odd_dir: Path) -> None:
