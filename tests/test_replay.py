@@ -17,7 +17,7 @@ from cdcflow.layers.tables import SILVER
 from cdcflow.plan.reference import SILVER_COLUMNS
 from cdcflow.plan.replay import bucket_count, revalidate
 from cdcflow.reconcile import frame_from_reference, reconcile_state
-from tests.conftest import Lake, ev, full
+from tests.conftest import NOW, Lake, ev, full
 from tests.test_reconcile import write_config
 
 runner = CliRunner()
@@ -110,8 +110,11 @@ def test_revalidation_uses_ingestion_time_and_current_rules(tmp_path) -> None:
 
     checked = revalidate([row], r"^C-[0-9]+$", timedelta(minutes=5))
     assert checked.accepted == 1 and checked.sequence_mismatches == 0
-    # the processing time is the row's ingestion time, not now: a rule on time stays the same
-    earlier = (row[0], row[1] - timedelta(hours=1), row[2])
+    # the processing time is the row's ingestion time, not now: a rule on time stays the same.
+    # An ingestion an hour before the event time (taken from the event's own clock, NOW, not
+    # from the ingestion: a long test session ingests well after NOW)
+    event_time = NOW - timedelta(minutes=1)
+    earlier = (row[0], event_time.astimezone(row[1].tzinfo) - timedelta(hours=1), row[2])
     assert revalidate([earlier], r"^C-[0-9]+$", timedelta(minutes=5)).rejected == {
         "FUTURE_EVENT_TIMESTAMP": 1
     }
