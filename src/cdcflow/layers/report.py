@@ -31,6 +31,7 @@ from deltalake import DeltaTable
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import arrow_dataset, read_arrow
 from cdcflow.errors import MissingDependencyError
+from cdcflow.layers.status import read_table
 
 #: The plots whose x axis is the micro-batch id.
 BY_BATCH = ("throughput", "lag", "operations", "quarantine", "stages")
@@ -50,8 +51,6 @@ PLOTS = (
 
 def _read(config: CdcflowConfig, name: str, columns: list[str] | None = None) -> pl.DataFrame:
     """Table ``name`` (only ``columns``), or an empty frame when it does not exist."""
-    from cdcflow.layers.status import read_table
-
     frame = read_table(config, name, columns)
     return pl.DataFrame() if frame is None else frame
 

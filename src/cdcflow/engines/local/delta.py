@@ -308,11 +308,7 @@ def _scan_via_delta_rs(table: DeltaTable) -> pl.LazyFrame:
         batch_size: int | None,
     ) -> Iterator[pl.DataFrame]:
         left = n_rows
-        for batch in dataset.to_batches(
-            columns=with_columns,
-            batch_size=batch_size or 131_072,
-            fragment_scan_options=SCAN_OPTIONS,
-        ):
+        for batch in dataset.to_batches(columns=with_columns, batch_size=batch_size or 131_072):
             frame = pl.DataFrame(pl.from_arrow(batch))
             frame = frame.cast({k: schema[k] for k in frame.columns})
             if predicate is not None:
@@ -327,35 +323,21 @@ def _scan_via_delta_rs(table: DeltaTable) -> pl.LazyFrame:
     return register_io_source(batches, schema=schema, is_pure=True)
 
 
-#: Parquet scan options of every PyArrow read of a Delta table: no pre-buffering (reading column
-#: chunks ahead on Arrow's I/O threads), so a finished scan leaves no read in flight.
-SCAN_OPTIONS = ds.ParquetFragmentScanOptions(pre_buffer=False)
-
-
-def read_arrow(
-    table: DeltaTable,
-    columns: Sequence[str] | None = None,
-    filter: pc.Expression | None = None,
-) -> pa.Table:
+def read_arrow(table: DeltaTable, columns: Sequence[str] | None = None) -> pa.Table:
     """Eager PyArrow read of the table's loaded version (Arrow types kept as stored).
 
     Reads through delta-rs' own dataset, which resolves percent-encoded file URIs (see
-    :func:`scan_table`), without pre-buffering (:data:`SCAN_OPTIONS`). Use this, not
+    :func:`scan_table`), over :func:`arrow_dataset`'s file system. Use this, not
     ``DeltaTable.to_pyarrow_table``.
 
     Args:
         table: the table at the version to read.
         columns: the columns to read (None: all).
-        filter: rows to keep (None: all).
 
     Returns:
-        Every (matching) row of that version.
+        Every row of that version.
     """
-    return arrow_dataset(table).to_table(
-        columns=None if columns is None else list(columns),
-        filter=filter,
-        fragment_scan_options=SCAN_OPTIONS,
-    )
+    return arrow_dataset(table).to_table(columns=None if columns is None else list(columns))
 
 
 def arrow_batches(
@@ -375,7 +357,6 @@ def arrow_batches(
     yield from arrow_dataset(table).to_batches(
         columns=None if columns is None else list(columns),
         batch_size=batch_size,
-        fragment_scan_options=SCAN_OPTIONS,
     )
 
 

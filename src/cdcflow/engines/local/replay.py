@@ -45,7 +45,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.batch_frame import revalidate_frame
-from cdcflow.engines.local.delta import SCAN_OPTIONS, arrow_dataset, scan_table, txn_done
+from cdcflow.engines.local.delta import arrow_dataset, scan_table, txn_done
 from cdcflow.engines.local.fold import batch_tombstones, fold_events
 from cdcflow.errors import CdcflowError, ConfigError, TableError
 from cdcflow.layers.tables import (
@@ -349,7 +349,7 @@ def _overwrite_from_shadow(config: CdcflowConfig, spec: TableSpec, props: Commit
     # the dataset is opened before the write: delta-rs cannot be re-entered from its writer
     dataset = arrow_dataset(_open(config, shadow_name(spec)))
     reader = pa.RecordBatchReader.from_batches(
-        spec.schema, _batches(dataset.to_batches(fragment_scan_options=SCAN_OPTIONS), spec.schema)
+        spec.schema, _batches(dataset.to_batches(), spec.schema)
     )
     target = _open(config, spec.name)
     write_deltalake(target, reader, mode="overwrite", commit_properties=props)
