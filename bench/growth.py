@@ -61,7 +61,13 @@ def growth(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     events = args.batches * args.events_per_batch
     generate(
         landing,
-        GeneratorConfig(events=events, customers=args.customers, files=args.batches, seed=7),
+        GeneratorConfig(
+            events=events,
+            customers=args.customers,
+            files=args.batches,
+            seed=7,
+            **({"out_of_order_rate": 0.0, "late_rate": 0.0} if args.in_order else {}),
+        ),
     )
     config = _config(work, landing, max_files_per_trigger=1)
     with PeakRss() as rss:
@@ -75,6 +81,7 @@ def growth(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "kind": "growth",
         "events": events,
         "customers": args.customers,
+        "in_order": args.in_order,
         "micro_batches": len(reports),
         "records_per_batch": statistics.median(r.records_received for r in reports),
         "first_batch_s": round(first, 3),
@@ -84,6 +91,17 @@ def growth(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "events_per_s": round(events / seconds),
         "peak_rss_mib": round(rss.peak / 2**20),
         "durations_s": [round(d, 3) for d in durations],
+        "first_stage_s": _stage_medians(reports[:5]),
+        "last_stage_s": _stage_medians(reports[-5:]),
+    }
+
+
+def _stage_medians(reports: list[Any]) -> dict[str, float]:
+    """Median seconds per stage (``BatchReport.stage_seconds``) over ``reports``."""
+    stages = sorted({name for r in reports for name in r.stage_seconds})
+    return {
+        name: round(statistics.median(r.stage_seconds.get(name, 0.0) for r in reports), 3)
+        for name in stages
     }
 
 
@@ -196,6 +214,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--batches", type=int, default=100)
     g.add_argument("--events-per-batch", type=int, default=2000)
     g.add_argument("--customers", type=int, default=20000)
+    g.add_argument(
+        "--in-order",
+        action="store_true",
+        help="deliver every event in sequence order (as a PostgreSQL slot or Debezium does): "
+        "no out-of-order or late event, so no event lands inside a stored timeline",
+    )
     t = sub.add_parser("trickle")
     t.add_argument("--keys", type=int, default=1_000_000)
     t.add_argument("--rate", type=float, default=1000.0)
