@@ -10,7 +10,7 @@ export PATH := $(HOME)/.local/bin:$(PATH)
 # PYTEST_ARGS= runs in one process.
 PYTEST_ARGS ?= -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
-.PHONY: bootstrap spark-jars demo run test lint typecheck unit clean mutation peers
+.PHONY: bootstrap spark-jars demo demo-s3 run test lint typecheck unit clean mutation peers
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -23,6 +23,10 @@ spark-jars: bootstrap
 
 demo: bootstrap
 	.venv/bin/cdcflow demo
+
+# the demo with its lakehouse and checkpoint on the local S3 server (moto; docs/objectstore.md)
+demo-s3: bootstrap
+	bash scripts/objectstore/demo-s3.sh $(ARGS)
 
 # any cdcflow command: make run ARGS="reconcile --config config/dev.yaml --expected expected.parquet"
 run: bootstrap

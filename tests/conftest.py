@@ -79,6 +79,7 @@ XDIST_GROUPS = {
     "kafka": "kafka_broker",
     "postgres": "pg_server",
     "docs": "docs",
+    "objectstore": "s3_server",
 }
 
 
@@ -99,7 +100,15 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 #: collection order): the long serial groups first, each starting at once on a worker of its
 #: own (the Spark crash chain, ~500 s, used to start only after a few hundred short tests and
 #: finish alone at the end), then the short tests filling the workers as they free up.
-GROUP_ORDER = ("spark_crash", "spark_cluster", "spark", "docs", "kafka", "postgres")
+GROUP_ORDER = (
+    "spark_crash",
+    "spark_cluster",
+    "spark",
+    "docs",
+    "kafka",
+    "postgres",
+    "objectstore",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -259,16 +268,21 @@ def spark() -> Iterator[Any]:
 class Lake:
     """A pipeline rooted in a temporary folder."""
 
-    def __init__(self, root: Path, mode: str = "soft", max_files: int = 1000) -> None:
+    def __init__(
+        self, root: Path, mode: str = "soft", max_files: int = 1000, store: str | None = None
+    ) -> None:
+        """``store``: an object-store prefix (``s3://bucket/prefix``) for the tables and the
+        checkpoint instead of ``root`` (the landing folder stays under ``root``)."""
         self.root = root
         self.landing = root / "landing"
         self.landing.mkdir(parents=True, exist_ok=True)
         self.files_written = 0
         self.mode = mode
+        lake = f"{store.rstrip('/')}/lake" if store else str(root / "lake")
         self.config = CdcflowConfig(
-            storage={"root": str(root / "lake")},
+            storage={"root": lake},
             source={"path": str(self.landing), "max_files_per_trigger": max_files},
-            checkpoint={"location": str(root / "lake" / "_checkpoints" / "customers")},
+            checkpoint={"location": f"{lake}/_checkpoints/customers"},
             processing={"delete_mode": mode},
             spark=spark_section(),
         )
@@ -390,3 +404,42 @@ def full(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """The local S3-compatible server (moto, started by ``scripts/objectstore/server.sh``),
+    with the environment every client reads (``AWS_*``: delta-rs, obstore, a child ``cdcflow``)
+    pointing at it and one bucket, ``cdcflow-tests``. Returns the endpoint URL."""
+    import urllib.request
+
+    out = subprocess.run(
+        ["bash", "scripts/objectstore/server.sh", "start", "s3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, f"the S3 server did not start: {out.stderr[-2000:]}"
+    endpoint = out.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ALLOW_HTTP="true",
+        AWS_ACCESS_KEY_ID="cdcflow-test",
+        AWS_SECRET_ACCESS_KEY="cdcflow-test",
+        AWS_REGION="us-east-1",
+    )
+    request = urllib.request.Request(f"{endpoint}/cdcflow-tests", method="PUT")
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+    return endpoint
+
+
+@pytest.fixture
+def s3_prefix(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A fresh prefix in the test bucket: ``s3://cdcflow-tests/<test>-<random>``."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name)[:60]
+    return f"s3://cdcflow-tests/{name}-{uuid.uuid4().hex[:8]}"

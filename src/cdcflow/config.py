@@ -217,9 +217,21 @@ class SourceSection(_Section):
 
 
 class CheckpointSection(_Section):
-    """``checkpoint``: folder holding the offset log, commit log and run lock (local path)."""
+    """``checkpoint``: where the offset log, commit log and run lock live: a local folder or
+    an object-store URI (``s3://``, ``az://``/``abfss://``, ``gs://``; credentials and
+    endpoints from ``storage.options`` and the environment). ``lease_ttl``: on an object
+    store the run lock is a lease renewed every third of this; a killed run's lease ends
+    after it (default 30s)."""
 
     location: str = "./lakehouse/_checkpoints/customers"
+    lease_ttl: Duration = timedelta(seconds=30)
+
+    @field_validator("lease_ttl")
+    @classmethod
+    def _positive_lease(cls, value: timedelta) -> timedelta:
+        if value < timedelta(seconds=3):
+            raise ValueError("must be at least 3s (the lease is renewed every third of it)")
+        return value
 
 
 class ProcessingSection(_Section):
@@ -456,6 +468,28 @@ class CdcflowConfig(BaseSettings):
             raise ValueError(
                 f"source.format: {self.source.format} records are decoded per declared table: "
                 "add a tables: section (the shipped customers table reads the flat format)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _object_store_checkpoint(self) -> CdcflowConfig:
+        """An object-store checkpoint holds the local engine's offsets, commits and lease; the
+        Spark engine's streaming checkpoint and the PostgreSQL / Kafka sources' state files
+        still need a local (or shared, mounted) folder."""
+        from cdcflow.state.storage import is_object_uri
+
+        if not is_object_uri(self.checkpoint.location):
+            return self
+        if self.pipeline.engine == "spark":
+            raise ValueError(
+                "checkpoint.location: the Spark engine keeps its streaming checkpoint on a "
+                "local or mounted folder; an object-store checkpoint is for the local engine"
+            )
+        if self.source.type != "files":
+            raise ValueError(
+                f"checkpoint.location: source.type {self.source.type} keeps its state beside "
+                "the checkpoint in a local folder; an object-store checkpoint is for the "
+                "files source"
             )
         return self
 

@@ -84,7 +84,7 @@ class Pipeline:
             ConfigError: the engine cannot run this config (e.g. PostgreSQL with declared tables).
         """
         self.config = config
-        self.checkpoint = Checkpoint(config.checkpoint.location)
+        self.checkpoint = Checkpoint.of(config)
         self.engine = engine or get_engine(config)
         self.source = make_source(config)  # None for plain landing files
         self._stop = threading.Event()

@@ -316,8 +316,15 @@ STEPS: list[tuple[str, StepFn]] = [
 ]
 
 
-def prepare(root: Path, delete_mode: str = "soft") -> Path:
+def prepare(root: Path, delete_mode: str = "soft", storage_root: str | None = None) -> Path:
     """Create a fresh demo folder with its config; returns the config path.
+
+    Args:
+        root: the demo folder (landing files, config, expected state).
+        delete_mode: ``soft`` or ``hard``.
+        storage_root: an object-store URI (``s3://bucket/prefix``…) for the customers
+            lakehouse and its checkpoint instead of ``<root>/lakehouse`` (credentials and
+            endpoint from the environment, e.g. ``AWS_ENDPOINT_URL``).
 
     Raises:
         CdcflowError: the folder exists and is not a demo folder (no ``cdcflow.yaml``).
@@ -328,17 +335,46 @@ def prepare(root: Path, delete_mode: str = "soft") -> Path:
         shutil.rmtree(root)
     root.mkdir(parents=True)
     base = root.resolve()
+    lake = storage_root.rstrip("/") if storage_root else str(base / "lakehouse")
+    if storage_root:
+        _fresh_prefix(lake)
     config = {
         "pipeline": {"name": "customers"},
-        "storage": {"root": str(base / "lakehouse")},
+        "storage": {"root": lake},
         "source": {"path": str(base / "landing"), "max_files_per_trigger": 4},
-        "checkpoint": {"location": str(base / "lakehouse" / "_checkpoints" / "customers")},
+        "checkpoint": {"location": f"{lake}/_checkpoints/customers"},
         "processing": {"delete_mode": delete_mode},
         "logging": {"level": "WARNING"},
     }
     path = root / DEMO_MARKER
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
+
+
+#: the object a demo leaves under its object-store root, so that a next demo may empty it
+OBJECT_MARKER = "cdcflow-demo.marker"
+
+
+def _fresh_prefix(uri: str) -> None:
+    """Empty an object-store prefix for the demo: allowed when it is empty or an earlier demo
+    left its marker there (as a local demo folder is recreated).
+
+    Raises:
+        CdcflowError: the prefix holds objects but no demo marker.
+    """
+    import obstore
+
+    from cdcflow.state.storage import ObjectStorage
+
+    storage = ObjectStorage(uri)
+    paths = [meta["path"] for chunk in obstore.list(storage.store) for meta in chunk]
+    if paths and OBJECT_MARKER not in paths:
+        raise CdcflowError(
+            f"--storage-root {uri}: holds objects and is not a cdcflow demo root; choose another"
+        )
+    for start in range(0, len(paths), 1000):
+        obstore.delete(storage.store, paths[start : start + 1000])
+    storage.replace(OBJECT_MARKER, b"cdcflow demo\n")
 
 
 def run_demo(
@@ -348,6 +384,7 @@ def run_demo(
     delete_mode: str = "soft",
     steps: list[tuple[str, StepFn]] | None = None,
     next_out: list[str] | None = None,
+    storage_root: str | None = None,
 ) -> list[StepResult]:
     """Run the demo steps in a fresh folder; a failing step stops the demo.
 
@@ -358,13 +395,14 @@ def run_demo(
         delete_mode: ``soft`` or ``hard``.
         steps: the steps (default :data:`STEPS`).
         next_out: when given and every step passed, :func:`next_commands` are appended to it.
+        storage_root: an object-store URI for the customers lakehouse (:func:`prepare`).
 
     Returns:
         One result per step run.
     """
     from cdcflow.logs import setup_logging
 
-    config_path = prepare(root, delete_mode)
+    config_path = prepare(root, delete_mode, storage_root)
     config = load_config(config_path)
     setup_logging(config.logging.level)
     ctx = DemoContext(root=root, config_path=config_path, config=config, events=events, seed=seed)
@@ -475,13 +513,23 @@ def demo(
     seed: Annotated[int, typer.Option(help="Generator seed.")] = 42,
     delete_mode: Annotated[str, typer.Option(help="soft | hard")] = "soft",
     output: Annotated[str, typer.Option(help="text | json")] = "text",
+    storage_root: Annotated[
+        str | None,
+        typer.Option(
+            help="object-store URI of the customers lakehouse and checkpoint (e.g. "
+            "s3://bucket/demo; endpoint and credentials from AWS_* / AZURE_* variables; "
+            "make demo-s3 starts a local S3 server)"
+        ),
+    ] = None,
 ) -> None:
     """The whole story on generated data: generate -> run -> Gold -> reconcile -> replay
     --verify -> Snowflake -> declared tables (contract v1 -> v2); one summary table at the end."""
     if delete_mode not in ("soft", "hard"):
         raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
     hints: list[str] = []
-    results = run_demo(folder, events, seed, delete_mode, next_out=hints)
+    results = run_demo(
+        folder, events, seed, delete_mode, next_out=hints, storage_root=storage_root
+    )
     from cdcflow.cli.tables import output_width
 
     console.print(summary_table(results), width=output_width(console))

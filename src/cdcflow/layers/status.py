@@ -272,8 +272,8 @@ def _backlog(config: CdcflowConfig) -> Backlog:
     from cdcflow.sources.files import list_landing, unchanged
     from cdcflow.state.checkpoint import Checkpoint
 
-    checkpoint = Checkpoint(config.checkpoint.location)
-    taken = checkpoint.taken() if checkpoint.offsets_dir.is_dir() else {}
+    checkpoint = Checkpoint.of(config)
+    taken = checkpoint.taken() if checkpoint.has_offsets() else {}
     files, left = 0, 0
     for listed in list_landing(config.source.path):
         before = taken.get(listed.path)
@@ -282,7 +282,7 @@ def _backlog(config: CdcflowConfig) -> Backlog:
         files += 1
         grown = before is not None and listed.size > before.size  # only the new bytes left
         left += listed.size - (before.size if before is not None and grown else 0)
-    pending = checkpoint.pending() if checkpoint.offsets_dir.is_dir() else None
+    pending = checkpoint.pending() if checkpoint.has_offsets() else None
     backlog = Backlog(files, left, None if pending is None else pending.batch_id)
     if config.source.type == "kafka":
         from dataclasses import replace
@@ -360,7 +360,14 @@ def pipeline_status(
 
     now = now or datetime.now(UTC)
     status = PipelineStatus(config.pipeline.name, config.pipeline.engine)
-    status.running, status.lock_holder = _running(Path(config.checkpoint.location) / "lock")
+    from cdcflow.state.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint.of(config)
+    if checkpoint.is_object_store:  # a lease: held while it names a holder and has not expired
+        status.lock_holder = checkpoint.holder()
+        status.running = bool(status.lock_holder)
+    else:
+        status.running, status.lock_holder = _running(Path(config.checkpoint.location) / "lock")
     if not status.running:
         status.problems.append("stopped: no run holds the checkpoint's lock")
     status.backlog = _backlog(config)

@@ -161,7 +161,7 @@ def reconcile_postgres_tables(config: CdcflowConfig) -> dict[str, ReconcileRepor
         from cdcflow.sources.kafka import KafkaSource
         from cdcflow.state.checkpoint import Checkpoint
 
-        pending = KafkaSource(config).pending(Checkpoint(config.checkpoint.location))
+        pending = KafkaSource(config).pending(Checkpoint.of(config))
         if pending:
             raise SourceAheadError(
                 f"Kafka holds {pending} record(s) the pipeline has not committed yet; run the "

@@ -1,11 +1,13 @@
 """Checkpoint folder: write-ahead offset log, commit log and a run lock.
 
-Layout (``checkpoint.location``)::
+Layout (``checkpoint.location``: a local folder or an object-store prefix,
+:mod:`cdcflow.state.storage`)::
 
     offsets/<batch_id>.json   written BEFORE a micro-batch is processed: its files and its
                               processing time (so a re-run validates identically)
     commits/<batch_id>.json   written AFTER every table of the batch is committed
-    lock                      held (flock) by the running pipeline
+    lock                      held (flock) by the running pipeline; on an object store a
+                              lease (owner, expiry) taken with conditional puts
 
 On restart the last batch that has offsets but no commit is re-run with the same offsets; each
 Delta write skips itself when the table already holds that batch's app transaction.
@@ -20,12 +22,13 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from cdcflow.errors import CheckpointError
 from cdcflow.sources.files import LandingFile
+from cdcflow.state.storage import Lease, ObjectStorage, open_storage, read_lease
 
 
 @dataclass(frozen=True)
@@ -70,23 +73,50 @@ def write_atomic(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class Checkpoint:
-    """The checkpoint folder of one pipeline (local file system)."""
+def _json(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, indent=1).encode("utf-8")
 
-    def __init__(self, location: str | Path) -> None:
+
+class Checkpoint:
+    """The checkpoint of one pipeline: a local folder or an object-store prefix.
+
+    On a local folder files are replaced atomically (rename) and the run lock is an ``flock``.
+    On an object store (``s3://``, ``az://``/``abfss://``, ``gs://``; :mod:`cdcflow.state.storage`)
+    the offsets and the commit marker of a micro-batch are created with a conditional put
+    (put-if-absent), so two runs cannot both write batch N, and the run lock is a lease
+    (:class:`~cdcflow.state.storage.Lease`).
+
+    Args:
+        location: ``checkpoint.location``.
+        options: storage options (``storage.options``: endpoints, credentials) for an
+            object store; the environment's ``AWS_*``/``AZURE_*``/``GOOGLE_*`` apply too.
+        lease_ttl: how long an object-store lease lasts without renewal.
+    """
+
+    def __init__(
+        self,
+        location: str | Path,
+        options: dict[str, str] | None = None,
+        lease_ttl: timedelta = timedelta(seconds=30),
+    ) -> None:
+        self.location = str(location)
+        self.storage = open_storage(self.location, options)
+        self.is_object_store = isinstance(self.storage, ObjectStorage)
         self.root = Path(location)
         self.offsets_dir = self.root / "offsets"
         self.commits_dir = self.root / "commits"
+        self.lease_ttl = lease_ttl
+        self._lease: Lease | None = None
 
-    def _ensure(self) -> None:
-        self.offsets_dir.mkdir(parents=True, exist_ok=True)
-        self.commits_dir.mkdir(parents=True, exist_ok=True)
+    @classmethod
+    def of(cls, config: Any) -> Checkpoint:
+        """The checkpoint of a :class:`~cdcflow.config.CdcflowConfig` (its location, the
+        storage options and the lease time)."""
+        return cls(config.checkpoint.location, config.storage.options, config.checkpoint.lease_ttl)
 
-    @staticmethod
-    def _ids(folder: Path) -> list[int]:
-        if not folder.is_dir():
-            return []
-        return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
+    def has_offsets(self) -> bool:
+        """True when the offset log holds at least one micro-batch."""
+        return bool(self.storage.ids("offsets"))
 
     def offsets(self, batch_id: int) -> BatchOffsets:
         """Read the offsets of a batch.
@@ -94,20 +124,29 @@ class Checkpoint:
         Raises:
             CheckpointError: missing or unreadable.
         """
-        path = self.offsets_dir / f"{batch_id}.json"
+        name = f"offsets/{batch_id}.json"
+        where = f"{self.location.rstrip('/')}/{name}"
         try:
-            return BatchOffsets.from_json(json.loads(path.read_text(encoding="utf-8")))
+            if not self.is_object_store:
+                where = str(self.offsets_dir / f"{batch_id}.json")
+                text = (self.offsets_dir / f"{batch_id}.json").read_text(encoding="utf-8")
+            else:
+                payload = self.storage.read(name)
+                if payload is None:
+                    raise FileNotFoundError(f"No such object: {where!r}")
+                text = payload.decode("utf-8")
+            return BatchOffsets.from_json(json.loads(text))
         except (OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{path}: unreadable offsets ({exc})") from exc
+            raise CheckpointError(f"{where}: unreadable offsets ({exc})") from exc
 
     def last_batch(self) -> int | None:
         """Highest batch id in the offset log, or None when empty."""
-        ids = self._ids(self.offsets_dir)
+        ids = self.storage.ids("offsets")
         return ids[-1] if ids else None
 
     def is_committed(self, batch_id: int) -> bool:
         """True when the commit marker of the batch exists."""
-        return (self.commits_dir / f"{batch_id}.json").exists()
+        return self.storage.exists(f"commits/{batch_id}.json")
 
     def pending(self) -> BatchOffsets | None:
         """The last batch when it has offsets but no commit marker (to re-run), else None."""
@@ -127,27 +166,68 @@ class Checkpoint:
             path → :class:`LandingFile` (its ``size`` is how far the file has been taken).
         """
         latest: dict[str, LandingFile] = {}
-        for batch_id in self._ids(self.offsets_dir):
+        for batch_id in self.storage.ids("offsets"):
             latest.update((f.path, f) for f in self.offsets(batch_id).files)
         return latest
 
     def write_offsets(self, offsets: BatchOffsets) -> None:
-        """Write-ahead the offsets of a batch (atomic rename)."""
-        self._ensure()
-        write_atomic(self.offsets_dir / f"{offsets.batch_id}.json", offsets.to_json())
+        """Write-ahead the offsets of a batch (local: atomic rename; object store:
+        put-if-absent).
+
+        Raises:
+            CheckpointError: on an object store, another run wrote different offsets for this
+                batch first, or this run lost its lease.
+        """
+        payload = _json(offsets.to_json())
+        name = f"offsets/{offsets.batch_id}.json"
+        if not self.is_object_store:
+            self._ensure()
+            self.storage.replace(name, payload)
+            return
+        self._check_lease()
+        if not self.storage.create(name, payload) and self.storage.read(name) != payload:
+            raise CheckpointError(
+                f"{self.location}: micro-batch {offsets.batch_id}'s offsets were written by "
+                "another run first; this run stops (one run per checkpoint)"
+            )
 
     def write_commit(self, batch_id: int, info: dict[str, Any]) -> None:
-        """Mark a batch committed (atomic rename)."""
-        self._ensure()
-        write_atomic(self.commits_dir / f"{batch_id}.json", {"batch_id": batch_id, **info})
+        """Mark a batch committed (local: atomic rename; object store: put-if-absent, a marker
+        that exists already stays).
+
+        Raises:
+            CheckpointError: on an object store, this run lost its lease.
+        """
+        payload = _json({"batch_id": batch_id, **info})
+        name = f"commits/{batch_id}.json"
+        if not self.is_object_store:
+            self._ensure()
+            self.storage.replace(name, payload)
+            return
+        self._check_lease()
+        self.storage.create(name, payload)
+
+    def _ensure(self) -> None:
+        self.offsets_dir.mkdir(parents=True, exist_ok=True)
+        self.commits_dir.mkdir(parents=True, exist_ok=True)
+
+    def _check_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.check()
 
     def holder(self) -> str:
         """Who holds the run lock, as written by :meth:`lock`: ``pid N on HOST since TIME``.
 
         Returns:
-            The description, or an empty string when the lock file names no holder (an older
-            version took it, or the holder has only just taken it).
+            The description, or an empty string when the lock names no holder (an older
+            version took it, the holder has only just taken it, or an object-store lease has
+            expired or been released).
         """
+        if self.is_object_store:
+            lease = read_lease(self.storage.read("lock"))
+            if lease is None or lease.expired(datetime.now(UTC)):
+                return ""
+            return lease.describe()
         try:
             data = json.loads((self.root / "lock").read_text(encoding="utf-8"))
             return f"pid {int(data['pid'])} on {data['host']} since {data['since']}"
@@ -161,9 +241,22 @@ class Checkpoint:
         The lock file names the holder (process id, host, UTC time it took the lock) while it is
         held, so a refused run can say who holds it; it is emptied on release.
 
+        On an object store the lock is a lease (:class:`~cdcflow.state.storage.Lease`),
+        renewed in the background while held.
+
         Raises:
             CheckpointError: another process holds the lock (the message names it).
         """
+        if isinstance(self.storage, ObjectStorage):
+            lease = Lease(self.storage, self.lease_ttl)
+            lease.acquire()
+            self._lease = lease
+            try:
+                yield
+            finally:
+                self._lease = None
+                lease.release()
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "lock", "a+", encoding="utf-8") as handle:
             try:

@@ -114,7 +114,7 @@ def apply_tables(config: CdcflowConfig, replays: list[TableReplay]) -> int:
     """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
-    with Checkpoint(config.checkpoint.location).lock():
+    with Checkpoint.of(config).lock():
         contracts = {c.name: c for c in held_contracts(config)}
         for replay in replays:
             bronze = contract_tables(contracts[replay.table]).bronze.name

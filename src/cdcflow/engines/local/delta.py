@@ -337,7 +337,30 @@ def read_arrow(table: DeltaTable, columns: Sequence[str] | None = None) -> pa.Ta
     Returns:
         Every row of that version.
     """
+    if _native_object_store(table):
+        return _read_native(table, columns)
     return arrow_dataset(table).to_table(columns=None if columns is None else list(columns))
+
+
+def _native_object_store(table: DeltaTable) -> bool:
+    """An object-store table whose URI Polars' native Delta scan opens (no ``%`` escape)."""
+    uri = table.table_uri
+    return not uri.startswith("file://") and "%" not in uri
+
+
+def _read_native(table: DeltaTable, columns: Sequence[str] | None) -> pa.Table:
+    """An object-store table read by Polars' native Delta scan (the Rust object store, not a
+    Python file system: nothing of the read is left for Arrow's threads to release at exit),
+    cast back to the table's Arrow types."""
+    scan = scan_table(table)
+    if columns is not None:
+        scan = scan.select(list(columns))
+    return _stored_types(table, scan.collect().to_arrow())
+
+
+def _stored_types(table: DeltaTable, data: pa.Table) -> pa.Table:
+    stored = pa.schema(table.schema().to_arrow())
+    return data.cast(pa.schema([stored.field(name) for name in data.column_names]))
 
 
 def arrow_batches(
@@ -354,6 +377,13 @@ def arrow_batches(
     Yields:
         The rows of that version, batch by batch.
     """
+    if _native_object_store(table):  # streamed by Polars, batch by batch
+        scan = scan_table(table)
+        if columns is not None:
+            scan = scan.select(list(columns))
+        for frame in scan.collect_batches(chunk_size=batch_size):
+            yield from _stored_types(table, frame.to_arrow()).to_batches(max_chunksize=batch_size)
+        return
     yield from arrow_dataset(table).to_batches(
         columns=None if columns is None else list(columns),
         batch_size=batch_size,

@@ -53,17 +53,17 @@ _LOCK_POLL_SECONDS = 0.2
 
 
 @contextmanager
-def checkpoint_lock(location: str, wait: timedelta | None = None) -> Iterator[None]:
+def checkpoint_lock(checkpoint: Checkpoint, wait: timedelta | None = None) -> Iterator[None]:
     """Hold the checkpoint's run lock, waiting up to ``wait`` for a running pipeline to end.
 
     Args:
-        location: ``checkpoint.location``.
+        checkpoint: the pipeline's checkpoint (:meth:`Checkpoint.of` its config).
         wait: how long to wait for the lock (None or 0: do not wait).
 
     Raises:
         CheckpointError: another process still holds the lock (one line, says what to do).
     """
-    checkpoint = Checkpoint(location)
+    location = checkpoint.location
     deadline = time.monotonic() + (wait.total_seconds() if wait else 0.0)
     with ExitStack() as stack:
         while True:
@@ -175,7 +175,7 @@ def optimize_between_runs(
         CheckpointError: a running pipeline (or replay) holds the checkpoint lock.
         TableError: a table's rewrite kept conflicting with concurrent commits.
     """
-    with checkpoint_lock(config.checkpoint.location, wait):
+    with checkpoint_lock(Checkpoint.of(config), wait):
         return optimize(config, vacuum=vacuum, on_table=on_table)
 
 

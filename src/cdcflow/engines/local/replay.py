@@ -519,7 +519,7 @@ def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
     """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
-    with Checkpoint(config.checkpoint.location).lock():
+    with Checkpoint.of(config).lock():
         latest = _open(config, BRONZE.name).version()
         if latest != result.bronze_version:
             raise ReplayError(

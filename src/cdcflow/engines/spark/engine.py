@@ -124,7 +124,7 @@ class SparkEngine:
         self.config = config
         self.app_id = f"cdcflow-{config.pipeline.name}"
         self.spark: SparkSession = get_session(config.spark)
-        self.checkpoint = Checkpoint(config.checkpoint.location)
+        self.checkpoint = Checkpoint.of(config)
         self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
         self._ids_file = self.spark_checkpoint / "cdcflow_batch_ids.json"
         self._stop = threading.Event()
