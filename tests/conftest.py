@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -79,7 +80,7 @@ XDIST_GROUPS = {
     "kafka": "kafka_broker",
     "postgres": "pg_server",
     "docs": "docs",
-    "objectstore": "s3_server",
+    "objectstore": "object_store",
 }
 
 
@@ -406,22 +407,35 @@ def full(**overrides: Any) -> dict[str, Any]:
     return base
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> str:
-    """The local S3-compatible server (moto, started by ``scripts/objectstore/server.sh``),
-    with the environment every client reads (``AWS_*``: delta-rs, obstore, a child ``cdcflow``)
-    pointing at it and one bucket, ``cdcflow-tests``. Returns the endpoint URL."""
-    import urllib.request
-
+def _start_object_server(kind: str) -> str:
+    """Start (if needed) a server of ``scripts/objectstore/server.sh``; its endpoint URL."""
     out = subprocess.run(
-        ["bash", "scripts/objectstore/server.sh", "start", "s3"],
+        ["bash", "scripts/objectstore/server.sh", "start", kind],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
     )
-    assert out.returncode == 0, f"the S3 server did not start: {out.stderr[-2000:]}"
-    endpoint = out.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    assert out.returncode == 0, f"the {kind} server did not start: {out.stderr[-2000:]}"
+    return out.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+
+
+#: the Azure Storage emulator's well-known development account (Azurite's documentation)
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """The local S3-compatible server (moto, started by ``scripts/objectstore/server.sh``),
+    with the environment every client reads (``AWS_*``: delta-rs, obstore, a child ``cdcflow``)
+    pointing at it and one bucket, ``cdcflow-tests``. Returns the endpoint URL."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = _start_object_server("s3")
     os.environ.update(
         AWS_ENDPOINT_URL=endpoint,
         AWS_ALLOW_HTTP="true",
@@ -430,16 +444,60 @@ def s3_server() -> str:
         AWS_REGION="us-east-1",
     )
     request = urllib.request.Request(f"{endpoint}/cdcflow-tests", method="PUT")
-    with urllib.request.urlopen(request, timeout=30):
-        pass
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+    except urllib.error.HTTPError as exc:  # 409: it exists (a server of an earlier session)
+        assert exc.code == 409, exc
     return endpoint
 
 
-@pytest.fixture
-def s3_prefix(s3_server: str, request: pytest.FixtureRequest) -> str:
-    """A fresh prefix in the test bucket: ``s3://cdcflow-tests/<test>-<random>``."""
+@pytest.fixture(scope="session")
+def azurite_server() -> str:
+    """The Azure Storage emulator Azurite (npm, started by ``scripts/objectstore/server.sh``),
+    with the ``AZURE_*`` environment of its development account and one container,
+    ``cdcflow-tests``. Returns the blob endpoint URL."""
+    from azure.core.exceptions import ResourceExistsError
+    from azure.storage.blob import BlobServiceClient
+
+    endpoint = _start_object_server("azurite")
+    os.environ.update(
+        AZURE_STORAGE_USE_EMULATOR="true",
+        AZURITE_BLOB_STORAGE_URL=endpoint,
+        AZURE_STORAGE_ACCOUNT_NAME=AZURITE_ACCOUNT,
+        AZURE_STORAGE_ACCOUNT_KEY=AZURITE_KEY,
+        AZURE_ALLOW_HTTP="true",
+    )
+    client = BlobServiceClient.from_connection_string(
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+    )
+    with contextlib.suppress(ResourceExistsError):
+        client.create_container("cdcflow-tests")
+    return endpoint
+
+
+#: URI scheme and bucket/container of each object-store server's test data
+STORE_ROOTS = {"s3": "s3://cdcflow-tests", "azurite": "az://cdcflow-tests"}
+
+
+@pytest.fixture(params=sorted(STORE_ROOTS), scope="module")
+def object_store(request: pytest.FixtureRequest) -> str:
+    """Each object-store server in turn (its fixture started): ``s3`` or ``azurite``."""
+    request.getfixturevalue(f"{request.param}_server")
+    return str(request.param)
+
+
+def fresh_prefix(store: str, name: str) -> str:
+    """A new prefix on ``store`` (``s3``/``azurite``): ``<bucket URI>/<name>-<random>``."""
     import re
     import uuid
 
-    name = re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name)[:60]
-    return f"s3://cdcflow-tests/{name}-{uuid.uuid4().hex[:8]}"
+    clean = re.sub(r"[^A-Za-z0-9-]+", "-", name)[:60]
+    return f"{STORE_ROOTS[store]}/{clean}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def store_prefix(object_store: str, request: pytest.FixtureRequest) -> str:
+    """A fresh prefix on the current object-store server."""
+    return fresh_prefix(object_store, request.node.name)
