@@ -189,8 +189,8 @@ def test_crash_at_every_commit_point_on_object_stores(
     mode: str,
 ) -> None:
     """A child ``cdcflow run`` on the object store is killed (SIGKILL) at the point; the lake
-    holds exactly the commits before it; a restart ends equal to the uninterrupted run, and a second restart
-    writes nothing."""
+    holds exactly the commits before it; a restart ends equal to the uninterrupted run, and a
+    second restart writes nothing."""
     if mode == "soft" and point == "after_silver_merge":
         mode = "hard"  # soft mode has no commit between the Silver MERGE and after_silver
     batch = 1
