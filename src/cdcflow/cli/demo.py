@@ -527,9 +527,7 @@ def demo(
     if delete_mode not in ("soft", "hard"):
         raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
     hints: list[str] = []
-    results = run_demo(
-        folder, events, seed, delete_mode, next_out=hints, storage_root=storage_root
-    )
+    results = run_demo(folder, events, seed, delete_mode, next_out=hints, storage_root=storage_root)
     from cdcflow.cli.tables import output_width
 
     console.print(summary_table(results), width=output_width(console))
