@@ -39,7 +39,7 @@ install_azurite() {
   local bin=".objectstore/azurite/node_modules/.bin/azurite-blob"
   if [ ! -x "$bin" ]; then
     command -v npm >/dev/null || { echo "azurite: npm is missing (apt-get install npm)" >&2; return 1; }
-    (cd .objectstore/azurite && npm install --no-audit --no-fund --loglevel=error azurite@3 >&2)
+    (cd .objectstore/azurite && npm install --no-audit --no-fund --loglevel=error azurite@3.35.0 >&2)
   fi
   echo "$bin"
 }
