@@ -243,3 +243,35 @@ def test_two_runs_on_one_object_store_root_exactly_one_proceeds(
     state = checkpoint_state(lake)
     assert state["committed"] == [True] * BATCHES and state["pending"] is None
     assert lake.silver() == lake.expected().rows
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"pipeline": {"engine": "spark"}}, "the Spark engine keeps its streaming checkpoint"),
+        (
+            {"source": {"type": "postgres"}},
+            "source.type postgres keeps its state beside the checkpoint",
+        ),
+    ],
+)
+def test_an_object_store_checkpoint_is_refused_where_it_is_not_supported_yet(
+    tmp_path: Path, section: dict[str, Any], message: str
+) -> None:
+    """A config error naming the key and the file, before anything runs."""
+    from cdcflow.config import load_config
+    from cdcflow.errors import ConfigError
+
+    path = tmp_path / "cdcflow.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "storage": {"root": "s3://bucket/lake"},
+                "checkpoint": {"location": "s3://bucket/lake/_checkpoints/customers"},
+                **section,
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(path)
+    assert "checkpoint.location" in str(raised.value) and str(path) in str(raised.value)
