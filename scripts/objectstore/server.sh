@@ -44,31 +44,47 @@ install_azurite() {
   echo "$bin"
 }
 
-start() {
-  if running; then echo "$kind: http://127.0.0.1:$(cat "$state/port")"; return 0; fi
-  local port
+launch() {  # start the server on port $1 (in the background); record its pid and port
+  local port="$1"
   case "$kind" in
     s3)
-      port="${CDCFLOW_S3_PORT:-$(free_port 59100)}"
       [ -x .venv/bin/moto_server ] || { echo "s3: .venv/bin/moto_server missing (make bootstrap)" >&2; return 1; }
       nohup .venv/bin/moto_server -H 127.0.0.1 -p "$port" >"$state/log" 2>&1 &
       ;;
     azurite)
-      local bin
-      bin="$(install_azurite)"
-      port="${CDCFLOW_AZURITE_PORT:-$(free_port 59200)}"
       mkdir -p "$state/data"
-      nohup "$bin" --blobHost 127.0.0.1 --blobPort "$port" --location "$state/data" \
+      nohup "$azurite_bin" --blobHost 127.0.0.1 --blobPort "$port" --location "$state/data" \
         --skipApiVersionCheck --loose --silent >"$state/log" 2>&1 &
       ;;
-    *) echo "objectstore: unknown server $kind (s3 or azurite)" >&2; return 2 ;;
   esac
   echo $! >"$state/pid"
   echo "$port" >"$state/port"
-  for _ in $(seq 1 100); do
-    if listening "$port"; then echo "$kind: http://127.0.0.1:$port"; return 0; fi
-    kill -0 "$(cat "$state/pid")" 2>/dev/null || break
-    sleep 0.2
+}
+
+start() {
+  if running; then echo "$kind: http://127.0.0.1:$(cat "$state/port")"; return 0; fi
+  local port base fixed=""
+  case "$kind" in
+    s3) base=59100; fixed="${CDCFLOW_S3_PORT:-}" ;;
+    azurite) base=59200; fixed="${CDCFLOW_AZURITE_PORT:-}"; azurite_bin="$(install_azurite)" ;;
+    *) echo "objectstore: unknown server $kind (s3 or azurite)" >&2; return 2 ;;
+  esac
+  # another checkout (or a test's copy) may take the same free port at the same moment: a
+  # server that dies at start is retried on the next free port
+  for _attempt in 1 2 3 4 5; do
+    port="${fixed:-$(free_port "$base")}"
+    launch "$port"
+    for _ in $(seq 1 100); do
+      if listening "$port" && kill -0 "$(cat "$state/pid")" 2>/dev/null; then
+        echo "$kind: http://127.0.0.1:$port"
+        return 0
+      fi
+      kill -0 "$(cat "$state/pid")" 2>/dev/null || break
+      sleep 0.2
+    done
+    [ -n "$fixed" ] && break
+    kill "$(cat "$state/pid")" 2>/dev/null || true
+    base=$((port + 1))
   done
   echo "$kind: the server did not start (log: $state/log):" >&2
   tail -n 20 "$state/log" >&2 || true
