@@ -41,6 +41,7 @@ from cdcflow.errors import CdcflowError, ConfigError, MissingDependencyError
 from cdcflow.logs import get_logger
 from cdcflow.model.lsn import format_pg_lsn, parse_lsn
 from cdcflow.sources.postgres_decode import DecodedRange, decode_rows
+from cdcflow.state.storage import write_bytes_atomic
 
 if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig, PostgresSourceSection
@@ -327,13 +328,8 @@ class StagedFile:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary name, fsync, then rename (both
-    staging sources' state and staged files)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    staging sources' state and staged files; :func:`cdcflow.state.storage.write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 class PostgresSource:

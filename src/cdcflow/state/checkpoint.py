@@ -24,11 +24,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdcflow.errors import CheckpointError
 from cdcflow.sources.files import LandingFile
-from cdcflow.state.storage import Lease, ObjectStorage, open_storage, read_lease
+from cdcflow.state.storage import (
+    Lease,
+    ObjectStorage,
+    open_storage,
+    read_lease,
+    write_bytes_atomic,
+)
+
+if TYPE_CHECKING:
+    from cdcflow.config import CdcflowConfig
 
 
 @dataclass(frozen=True)
@@ -63,18 +72,13 @@ class BatchOffsets:
         )
 
 
-def write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically (temp file, fsync, rename)."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def _json(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, indent=1).encode("utf-8")
+
+
+def write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (temp file, fsync, rename)."""
+    write_bytes_atomic(path, _json(payload))
 
 
 class Checkpoint:
@@ -109,7 +113,7 @@ class Checkpoint:
         self._lease: Lease | None = None
 
     @classmethod
-    def of(cls, config: Any) -> Checkpoint:
+    def of(cls, config: CdcflowConfig) -> Checkpoint:
         """The checkpoint of a :class:`~cdcflow.config.CdcflowConfig` (its location, the
         storage options and the lease time)."""
         return cls(config.checkpoint.location, config.storage.options, config.checkpoint.lease_ttl)
@@ -125,16 +129,16 @@ class Checkpoint:
             CheckpointError: missing or unreadable.
         """
         name = f"offsets/{batch_id}.json"
-        where = f"{self.location.rstrip('/')}/{name}"
+        path = self.offsets_dir / f"{batch_id}.json"
+        where = f"{self.location.rstrip('/')}/{name}" if self.is_object_store else str(path)
         try:
-            if not self.is_object_store:
-                where = str(self.offsets_dir / f"{batch_id}.json")
-                text = (self.offsets_dir / f"{batch_id}.json").read_text(encoding="utf-8")
-            else:
+            if self.is_object_store:
                 payload = self.storage.read(name)
                 if payload is None:
                     raise FileNotFoundError(f"No such object: {where!r}")
                 text = payload.decode("utf-8")
+            else:
+                text = path.read_text(encoding="utf-8")
             return BatchOffsets.from_json(json.loads(text))
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{where}: unreadable offsets ({exc})") from exc
@@ -180,12 +184,7 @@ class Checkpoint:
         """
         payload = _json(offsets.to_json())
         name = f"offsets/{offsets.batch_id}.json"
-        if not self.is_object_store:
-            self._ensure()
-            self.storage.replace(name, payload)
-            return
-        self._check_lease()
-        if not self.storage.create(name, payload) and self.storage.read(name) != payload:
+        if not self._write(name, payload) and self.storage.read(name) != payload:
             raise CheckpointError(
                 f"{self.location}: micro-batch {offsets.batch_id}'s offsets were written by "
                 "another run first; this run stops (one run per checkpoint)"
@@ -198,22 +197,24 @@ class Checkpoint:
         Raises:
             CheckpointError: on an object store, this run lost its lease.
         """
-        payload = _json({"batch_id": batch_id, **info})
-        name = f"commits/{batch_id}.json"
+        self._write(f"commits/{batch_id}.json", _json({"batch_id": batch_id, **info}))
+
+    def _write(self, name: str, payload: bytes) -> bool:
+        """A checkpoint file: on a local folder replaced atomically (both log folders
+        created), True; on an object store created only if absent, after checking the lease
+        (False: it existed already).
+
+        Raises:
+            CheckpointError: on an object store, this run lost its lease.
+        """
         if not self.is_object_store:
-            self._ensure()
+            self.offsets_dir.mkdir(parents=True, exist_ok=True)
+            self.commits_dir.mkdir(parents=True, exist_ok=True)
             self.storage.replace(name, payload)
-            return
-        self._check_lease()
-        self.storage.create(name, payload)
-
-    def _ensure(self) -> None:
-        self.offsets_dir.mkdir(parents=True, exist_ok=True)
-        self.commits_dir.mkdir(parents=True, exist_ok=True)
-
-    def _check_lease(self) -> None:
+            return True
         if self._lease is not None:
             self._lease.check()
+        return self.storage.create(name, payload)
 
     def holder(self) -> str:
         """Who holds the run lock, as written by :meth:`lock`: ``pid N on HOST since TIME``.

@@ -37,6 +37,23 @@ from cdcflow.errors import CheckpointError, ConfigError
 OBJECT_SCHEMES = ("s3", "s3a", "az", "abfs", "abfss", "adl", "azure", "gs", "gcs")
 
 
+def write_temp(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a hidden temporary name beside ``path`` (``.<name>.tmp``: no listing
+    of ``*.json`` or landing files picks it up) and ``fsync`` it; returns the temporary path."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return tmp
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: :func:`write_temp`, then rename. The one
+    atomic local write of the checkpoint, the sources' state files and staged files."""
+    os.replace(write_temp(path, data), path)
+
+
 def is_object_uri(location: str) -> bool:
     """True when ``location`` names an object store (``s3://``, ``abfss://``, ``az://``,
     ``gs://``…), False for a local path (or a ``file://`` URI)."""
@@ -94,22 +111,15 @@ class LocalStorage:
             return []
         return sorted(int(p.stem) for p in path.glob("*.json") if p.stem.isdigit())
 
-    def _temp(self, path: Path, payload: bytes) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        return tmp
-
     def replace(self, name: str, payload: bytes) -> None:
         path = self.root / name
-        os.replace(self._temp(path, payload), path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, payload)
 
     def create(self, name: str, payload: bytes) -> bool:
         path = self.root / name
-        tmp = self._temp(path, payload)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = write_temp(path, payload)
         try:
             os.link(tmp, path)  # fails when the name exists: put-if-absent
         except FileExistsError:
@@ -173,9 +183,7 @@ class ObjectStorage:
         not_found, _, _ = self._errors()
         try:
             return bytes(self._obstore.get(self.store, name).bytes())
-        except not_found:
-            return None
-        except FileNotFoundError:
+        except (not_found, FileNotFoundError):
             return None
 
     def read_tagged(self, name: str) -> tuple[bytes, str] | None:
@@ -395,4 +403,6 @@ __all__ = [
     "is_object_uri",
     "open_storage",
     "read_lease",
+    "write_bytes_atomic",
+    "write_temp",
 ]

@@ -352,10 +352,12 @@ def _read_native(table: DeltaTable, columns: Sequence[str] | None) -> pa.Table:
     """An object-store table read by Polars' native Delta scan (the Rust object store, not a
     Python file system: nothing of the read is left for Arrow's threads to release at exit),
     cast back to the table's Arrow types."""
+    return _stored_types(table, _native_scan(table, columns).collect().to_arrow())
+
+
+def _native_scan(table: DeltaTable, columns: Sequence[str] | None) -> pl.LazyFrame:
     scan = scan_table(table)
-    if columns is not None:
-        scan = scan.select(list(columns))
-    return _stored_types(table, scan.collect().to_arrow())
+    return scan if columns is None else scan.select(list(columns))
 
 
 def _stored_types(table: DeltaTable, data: pa.Table) -> pa.Table:
@@ -378,10 +380,7 @@ def arrow_batches(
         The rows of that version, batch by batch.
     """
     if _native_object_store(table):  # streamed by Polars, batch by batch
-        scan = scan_table(table)
-        if columns is not None:
-            scan = scan.select(list(columns))
-        for frame in scan.collect_batches(chunk_size=batch_size):
+        for frame in _native_scan(table, columns).collect_batches(chunk_size=batch_size):
             yield from _stored_types(table, frame.to_arrow()).to_batches(max_chunksize=batch_size)
         return
     yield from arrow_dataset(table).to_batches(
