@@ -121,7 +121,7 @@ def _one_engine(root: Path, landing: Path, name: str, max_files: int, master: st
         from cdcflow.engines.spark.session import get_session
 
         started = time.perf_counter()
-        get_session(config.spark)
+        get_session(config.spark, config.storage)
         session_s = time.perf_counter() - started
     started = time.perf_counter()
     reports = Pipeline(config).run(Trigger.parse("available-now"))

@@ -256,12 +256,16 @@ def require_spark() -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The one SparkSession every Spark test shares (started on first use), on
-    :data:`SPARK_MASTER`."""
+    :data:`SPARK_MASTER`, with the S3A connector's jars (a storage root on S3): the tests of
+    the Spark engine on the local S3 server use it too (the endpoint and keys are set on it when
+    their engine starts: engines/spark/session.py)."""
     require_spark()
-    from cdcflow.config import SparkSection
+    from cdcflow.config import SparkSection, StorageSection
     from cdcflow.engines.spark.session import get_session
 
-    session = get_session(SparkSection(**spark_section()))
+    session = get_session(
+        SparkSection(**spark_section()), StorageSection(root=f"{STORE_ROOTS['s3']}/spark")
+    )
     yield session
     session.stop()
 

@@ -77,4 +77,4 @@ def sync_file_writer(config: CdcflowConfig) -> SyncFileWriter | None:
     from cdcflow.engines.spark.session import get_session
     from cdcflow.engines.spark.snowflake import SparkSyncFiles
 
-    return SparkSyncFiles(get_session(config.spark), config)
+    return SparkSyncFiles(get_session(config.spark, config.storage), config)

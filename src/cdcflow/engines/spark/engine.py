@@ -123,7 +123,7 @@ class SparkEngine:
 
         self.config = config
         self.app_id = f"cdcflow-{config.pipeline.name}"
-        self.spark: SparkSession = get_session(config.spark)
+        self.spark: SparkSession = get_session(config.spark, config.storage)
         self.checkpoint = Checkpoint.of(config)
         self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
         self._ids_file = self.spark_checkpoint / "cdcflow_batch_ids.json"

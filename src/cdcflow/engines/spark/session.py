@@ -1,7 +1,9 @@
 """The SparkSession of the Spark engine: Delta jars from a local folder, small local defaults.
 
 Nothing is downloaded when the session starts: the Delta jars come from ``spark.jars_dir``
-(filled by ``scripts/spark/fetch-jars.sh``), never from ``spark.jars.packages``.
+(filled by ``scripts/spark/fetch-jars.sh``), never from ``spark.jars.packages``; with a storage
+root on S3, the S3A connector's jars from its ``s3a`` subfolder and the connector's settings
+translated from ``storage.options`` and the ``AWS_*`` environment (:func:`s3a_conf`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdcflow.errors import MissingDependencyError
+from cdcflow.errors import ConfigError, MissingDependencyError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from cdcflow.config import SparkSection
+    from cdcflow.config import SparkSection, StorageSection
 
 INSTALL_HINT = (
     "the Spark engine needs the 'spark' extra (uv sync --extra spark) and the Delta jars "
@@ -92,27 +94,133 @@ def delta_jars(jars_dir: str) -> list[str]:
     return jars
 
 
-def get_session(settings: SparkSection) -> SparkSession:
+#: URI schemes the S3A connector serves here: ``s3://`` (delta-rs' and obstore's spelling, mapped
+#: to S3A by :func:`s3a_conf`) and ``s3a://``.
+S3_SCHEMES = ("s3", "s3a")
+
+#: The S3 settings cdcflow reads, as delta-rs / object_store name them (``storage.options``
+#: keys, case-insensitive, or the same names upper case in the environment) → the S3A
+#: connector's Hadoop keys (https://hadoop.apache.org/docs/r3.4.1/hadoop-aws/tools/hadoop-aws/).
+S3A_KEYS = {
+    "aws_endpoint_url": "fs.s3a.endpoint",
+    "aws_endpoint": "fs.s3a.endpoint",
+    "aws_access_key_id": "fs.s3a.access.key",
+    "aws_secret_access_key": "fs.s3a.secret.key",
+    "aws_session_token": "fs.s3a.session.token",
+    "aws_region": "fs.s3a.endpoint.region",
+    "aws_default_region": "fs.s3a.endpoint.region",
+}
+
+
+def _scheme(root: str) -> str:
+    return root.split("://", 1)[0].lower() if "://" in root else ""
+
+
+def s3a_conf(storage: StorageSection, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings for a storage root on S3, through Hadoop's S3A connector.
+
+    Each setting of :data:`S3A_KEYS` comes from ``storage.options`` (the keys delta-rs takes,
+    any case), else from the environment variable of that name upper case (``AWS_ENDPOINT_URL``,
+    ``AWS_ACCESS_KEY_ID``…); as ``spark.hadoop.fs.s3a.*`` they reach the executors too (whose
+    environment is the worker's, not the driver's). Spark redacts the keys and the token in its
+    UI and logs (``spark.redaction.regex``); cdcflow never logs them. An endpoint other than
+    AWS's (an S3-compatible server) is addressed path-style unless
+    ``aws_virtual_hosted_style_request`` is true, over TLS unless the endpoint is ``http://``
+    (which also needs ``aws_allow_http: true``, as for delta-rs). ``s3://`` is served by S3A.
+
+    Args:
+        storage: the ``storage`` config section.
+        environ: the environment (default: ``os.environ``).
+
+    Returns:
+        ``spark.hadoop.*`` keys → values; empty when the root is not on S3.
+
+    Raises:
+        ConfigError: an ``http://`` endpoint without ``aws_allow_http`` (names the key).
+    """
+    if _scheme(storage.root) not in S3_SCHEMES:
+        return {}
+    env = os.environ if environ is None else environ
+    options = {key.lower(): value for key, value in storage.options.items()}
+
+    def setting(name: str) -> str | None:
+        return options.get(name) or env.get(name.upper()) or None
+
+    hadoop = {
+        "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+    }
+    for name, key in S3A_KEYS.items():
+        value = setting(name)
+        if value is not None and key not in hadoop:
+            hadoop[key] = value
+    if "fs.s3a.session.token" in hadoop:
+        hadoop["fs.s3a.aws.credentials.provider"] = (
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        )
+    endpoint = hadoop.get("fs.s3a.endpoint")
+    if endpoint is not None:
+        virtual = (setting("aws_virtual_hosted_style_request") or "").lower() == "true"
+        hadoop["fs.s3a.path.style.access"] = "false" if virtual else "true"
+        if endpoint.lower().startswith("http://"):
+            if (setting("aws_allow_http") or "").lower() not in ("1", "true"):
+                raise ConfigError(
+                    f"storage.options: the endpoint {endpoint} is http://; set "
+                    "aws_allow_http: true (or AWS_ALLOW_HTTP=true) to allow it"
+                )
+            hadoop["fs.s3a.connection.ssl.enabled"] = "false"
+    return {f"spark.hadoop.{key}": value for key, value in hadoop.items()}
+
+
+def s3a_jars(jars_dir: str) -> list[str]:
+    """Absolute paths of the S3A connector's jars (``jars_dir``/s3a, from
+    ``scripts/spark/fetch-jars.sh``).
+
+    Raises:
+        MissingDependencyError: the folder holds no ``hadoop-aws`` jar.
+    """
+    folder = Path(jars_dir).resolve() / "s3a"
+    jars = sorted(str(p) for p in folder.glob("*.jar"))
+    if not any(Path(j).name.startswith("hadoop-aws-") for j in jars):
+        raise MissingDependencyError(
+            f"no S3A connector jars in {folder} (a storage root on S3 needs them): run "
+            "`make spark-jars` in the cdcflow checkout"
+        )
+    return jars
+
+
+def get_session(settings: SparkSection, storage: StorageSection | None = None) -> SparkSession:
     """Return the active SparkSession or start one configured for Delta.
 
     An active session (a Databricks notebook's or job's, or the tests' shared one) is used as it
     is, with :data:`SESSION_CONF` set on it: ``settings`` (master, jars, conf) apply only to a
     session started here.
 
+    With ``storage`` on S3, the S3A connector's jars and :func:`s3a_conf` are added to a session
+    started here; an active session gets the Hadoop settings of :func:`s3a_conf` (its own jars
+    must hold the connector, as Databricks' do).
+
     Args:
         settings: the ``spark`` config section (master, jars folder, extra conf).
+        storage: the ``storage`` config section (root and options), or None.
 
     Raises:
-        MissingDependencyError: pyspark/delta-spark or the Delta jars are missing.
+        MissingDependencyError: pyspark/delta-spark, the Delta jars or (for S3) the S3A jars are
+            missing.
+        ConfigError: the S3 settings are not usable (:func:`s3a_conf`).
     """
     try:
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise MissingDependencyError(INSTALL_HINT) from exc
+    store = s3a_conf(storage) if storage is not None else {}
     active = SparkSession.getActiveSession()
     if active is not None:  # e.g. a Databricks job's session: its own master, jars and conf
         for key in SESSION_CONF:
             active.conf.set(key, DEFAULT_CONF[key])
+        hadoop = active.sparkContext._jsc.hadoopConfiguration()
+        for key, value in store.items():
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
         return active
     # PySpark starts its Python workers with $PYSPARK_PYTHON (default: "python3" on PATH), not
     # with the spark.pyspark.python conf: point it at this interpreter (the one with cdcflow)
@@ -120,8 +228,11 @@ def get_session(settings: SparkSection) -> SparkSession:
     builder = SparkSession.builder.master(settings.master).appName("cdcflow")
     conf = {
         **DEFAULT_CONF,
-        "spark.jars": ",".join(delta_jars(settings.jars_dir)),
+        "spark.jars": ",".join(
+            delta_jars(settings.jars_dir) + (s3a_jars(settings.jars_dir) if store else [])
+        ),
         "spark.pyspark.python": sys.executable,
+        **store,
         "spark.pyspark.driver.python": sys.executable,
         **settings.conf,
         JAVA_OPTIONS: java_options(settings.conf.get(JAVA_OPTIONS)),
