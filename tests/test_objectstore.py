@@ -248,7 +248,18 @@ def test_two_runs_on_one_object_store_root_exactly_one_proceeds(
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"pipeline": {"engine": "spark"}}, "the Spark engine keeps its streaming checkpoint"),
+        (
+            {
+                "pipeline": {"engine": "spark"},
+                "storage": {"root": "az://container/lake"},
+                "checkpoint": {"location": "az://container/lake/_checkpoints/customers"},
+            },
+            "the Spark engine keeps its checkpoint on an object store only on S3",
+        ),
+        (
+            {"pipeline": {"engine": "spark"}, "storage": {"root": "./lake"}},
+            "with storage.root on S3 too",
+        ),
         (
             {"source": {"type": "postgres"}},
             "source.type postgres keeps its state beside the checkpoint",

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -237,11 +236,16 @@ def test_interop_engines_take_turns(spark: Any, tmp_path: Path) -> None:
 
 
 def test_interop_engines_take_turns_on_s3(spark: Any, s3_server: str, tmp_path: Path) -> None:
-    """local → Spark → local → Spark on one lakehouse on the local S3 server (moto) equals the
-    local engine alone on a local folder: Spark reads and writes the tables through the S3A
-    connector (``s3://`` served by S3A, the endpoint and keys from the ``AWS_*`` environment),
-    the local engine through delta-rs. The checkpoint is a local folder (the Spark engine's
-    streaming checkpoint is not on an object store yet)."""
+    """local → Spark → local → Spark with the lakehouse and the checkpoint on the local S3
+    server (moto) equals the local engine alone on a local folder.
+
+    Spark reads and writes the tables, its streaming checkpoint and its batch ids through the
+    S3A connector (``s3://`` served by S3A; endpoint and keys from the ``AWS_*`` environment),
+    the local engine through delta-rs and obstore; both keep the offsets and commit markers of
+    one checkpoint, created put-if-absent under the run's lease."""
+    import obstore
+    from obstore.store import from_url
+
     runs = workload("hard")
     later = [
         [[ev("E50", "C-1", "UPDATE", "0/90", minutes_ago=1, city="X")]],
@@ -252,7 +256,6 @@ def test_interop_engines_take_turns_on_s3(spark: Any, s3_server: str, tmp_path: 
 
     prefix = fresh_prefix("s3", "spark-interop")
     mixed = Lake(tmp_path / "mixed", mode="hard", store=prefix)
-    mixed.config.checkpoint.location = str(tmp_path / "mixed" / "checkpoint")
     run_workload(mixed, runs[:1])  # local engine starts the tables on S3
     mixed.config.pipeline.engine = "spark"
     run_workload(mixed, runs[1:])  # Spark continues them through S3A
@@ -263,9 +266,13 @@ def test_interop_engines_take_turns_on_s3(spark: Any, s3_server: str, tmp_path: 
     same_tables(reference, mixed)
     assert mixed.table("audit/batch_log").sort("batch_id")["batch_id"].to_list() == [0, 1, 2, 3]
     assert mixed.silver() == mixed.expected().rows
-    # the tables are on S3, not in the local folder
+    assert checkpoint_state(mixed)["committed"] == [True] * 4
+    # everything is on S3: tables, offsets, commits, Spark's streaming checkpoint and batch ids
     assert not (tmp_path / "mixed" / "lake").exists()
-    assert DeltaTable(mixed.config.table_uri("silver/customers")).version() >= 3
+    store = from_url(mixed.config.checkpoint.location, client_options={"allow_http": True})
+    names = {item["path"] for batch in obstore.list(store) for item in batch}
+    assert {"offsets/3.json", "commits/3.json", "spark/cdcflow_batch_ids.json"} <= names
+    assert any(name.startswith("spark/stream/commits/") for name in names), sorted(names)
 
 
 @settings(max_examples=4)

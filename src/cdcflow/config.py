@@ -473,17 +473,25 @@ class CdcflowConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _object_store_checkpoint(self) -> CdcflowConfig:
-        """An object-store checkpoint holds the local engine's offsets, commits and lease; the
-        Spark engine's streaming checkpoint and the PostgreSQL / Kafka sources' state files
-        still need a local (or shared, mounted) folder."""
+        """An object-store checkpoint holds the offsets, commits and lease of either engine
+        (and the Spark engine's streaming checkpoint, through the S3A connector: on S3, with the
+        tables on S3 too); the PostgreSQL / Kafka sources' state files still need a local (or
+        shared, mounted) folder."""
         from cdcflow.state.storage import is_object_uri
 
         if not is_object_uri(self.checkpoint.location):
             return self
-        if self.pipeline.engine == "spark":
+
+        def on_s3(location: str) -> bool:
+            return location.lower().startswith(("s3://", "s3a://"))
+
+        if self.pipeline.engine == "spark" and not (
+            on_s3(self.checkpoint.location) and on_s3(self.storage.root)
+        ):
             raise ValueError(
-                "checkpoint.location: the Spark engine keeps its streaming checkpoint on a "
-                "local or mounted folder; an object-store checkpoint is for the local engine"
+                "checkpoint.location: the Spark engine keeps its checkpoint on an object store "
+                "only on S3 (s3://, through the S3A connector) with storage.root on S3 too; "
+                "otherwise on a local or mounted folder"
             )
         if self.source.type != "files":
             raise ValueError(

@@ -122,6 +122,34 @@ class Checkpoint:
         """True when the offset log holds at least one micro-batch."""
         return bool(self.storage.ids("offsets"))
 
+    def has_batch(self, batch_id: int) -> bool:
+        """True when the offsets of micro-batch ``batch_id`` are written."""
+        return self.storage.exists(f"offsets/{batch_id}.json")
+
+    def uri(self, name: str) -> str:
+        """Where ``name`` (a path relative to the checkpoint) lives: a local path, or a URI
+        under the object-store prefix (for a writer of its own, e.g. Spark's streaming
+        checkpoint)."""
+        if self.is_object_store:
+            return f"{self.location.rstrip('/')}/{name}"
+        return str(self.root / name)
+
+    def read_state(self, name: str) -> dict[str, Any] | None:
+        """An engine's own JSON state file ``name`` in the checkpoint, or None when absent."""
+        payload = self.storage.read(name)
+        return None if payload is None else dict(json.loads(payload.decode("utf-8")))
+
+    def write_state(self, name: str, payload: dict[str, Any]) -> None:
+        """Replace the JSON state file ``name`` (local: atomic rename; object store: a put,
+        after checking the lease).
+
+        Raises:
+            CheckpointError: on an object store, this run lost its lease.
+        """
+        if self._lease is not None:
+            self._lease.check()
+        self.storage.replace(name, _json(payload))
+
     def offsets(self, batch_id: int) -> BatchOffsets:
         """Read the offsets of a batch.
 

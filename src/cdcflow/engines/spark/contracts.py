@@ -627,7 +627,7 @@ class SparkContractsEngine(SparkEngine):
             return super()._take(frame, spark_batch_id)
         batch_id = self._batch_ids().get(str(spark_batch_id))
         recorded = None
-        if batch_id is not None and (self.checkpoint.offsets_dir / f"{batch_id}.json").exists():
+        if batch_id is not None and self.checkpoint.has_batch(batch_id):
             recorded = self.checkpoint.offsets(batch_id)
         first = frame.select("_processing_time").limit(1).collect()
         if not first and recorded is None:

@@ -24,7 +24,6 @@ list.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -57,7 +56,7 @@ from cdcflow.plan.merge_spec import TOMBSTONE_MERGE_ON, TOMBSTONE_UPDATE_WHEN, s
 from cdcflow.report import BatchReport
 from cdcflow.signals import stop_on_signals
 from cdcflow.sources.files import LandingFile, check_taken, fingerprinted, plan_landing
-from cdcflow.state.checkpoint import BatchOffsets, Checkpoint, write_atomic
+from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
 from cdcflow.state.faults import crash_point
 
 if TYPE_CHECKING:
@@ -125,8 +124,9 @@ class SparkEngine:
         self.app_id = f"cdcflow-{config.pipeline.name}"
         self.spark: SparkSession = get_session(config.spark, config.storage)
         self.checkpoint = Checkpoint.of(config)
-        self.spark_checkpoint = Path(config.checkpoint.location) / "spark"
-        self._ids_file = self.spark_checkpoint / "cdcflow_batch_ids.json"
+        #: Spark's own streaming checkpoint, in the pipeline's checkpoint (a folder or a prefix)
+        self.spark_checkpoint = self.checkpoint.uri("spark/stream")
+        self._ids_file = "spark/cdcflow_batch_ids.json"
         self._stop = threading.Event()
         self._cached: list[DataFrame] = []  # per-batch caches, released when the batch ends
         self._schemas: dict[str, Any] = {}  # table name -> its Delta schema (StructType)
@@ -149,10 +149,8 @@ class SparkEngine:
     # ------------------------------------------------------------------ streaming loop
     def _batch_ids(self) -> dict[str, int]:
         """Spark micro-batch id → pipeline batch id, for every Spark batch given an id so far."""
-        if not self._ids_file.exists():
-            return {}
-        data: dict[str, int] = json.loads(self._ids_file.read_text(encoding="utf-8"))
-        return data
+        data = self.checkpoint.read_state(self._ids_file)
+        return {} if data is None else {str(k): int(v) for k, v in data.items()}
 
     def _allocate_batch_id(self, spark_batch_id: int) -> int:
         """Give a Spark micro-batch the next id of the shared checkpoint, persisted first.
@@ -172,8 +170,7 @@ class SparkEngine:
         batch_id = 0 if last is None else last + 1
         ids = self._batch_ids()
         ids[str(spark_batch_id)] = batch_id
-        self.spark_checkpoint.mkdir(parents=True, exist_ok=True)
-        write_atomic(self._ids_file, ids)
+        self.checkpoint.write_state(self._ids_file, ids)
         return batch_id
 
     def run_stream(self, trigger: Trigger, on_batch: Callable[[BatchReport], None]) -> None:
@@ -194,7 +191,7 @@ class SparkEngine:
         stream = stream.withColumn("_processing_time", F.current_timestamp())
         writer = (
             stream.writeStream.foreachBatch(self._guarded_batch)
-            .option("checkpointLocation", str(self.spark_checkpoint / "stream"))
+            .option("checkpointLocation", self.spark_checkpoint)
             .queryName(f"cdcflow-{self.config.pipeline.name}")
         )
         if trigger.kind == "once":
@@ -384,15 +381,23 @@ class SparkEngine:
         batch_id = self._batch_ids().get(str(spark_batch_id))  # set: a re-run of this batch
         taken = self.checkpoint.processed_paths()  # files of every batch of either engine
         recorded: dict[str, LandingFile] = {}
-        if batch_id is not None and (self.checkpoint.offsets_dir / f"{batch_id}.json").exists():
-            recorded = {f.path: f for f in self.checkpoint.offsets(batch_id).files}
+        first_attempt = None
+        if batch_id is not None and self.checkpoint.has_batch(batch_id):
+            first_attempt = self.checkpoint.offsets(batch_id)
+            recorded = {f.path: f for f in first_attempt.files}
             taken -= set(recorded)
             if not self.checkpoint.is_committed(batch_id):
                 for file in recorded.values():  # Spark skips a file that is gone: stop instead
                     check_taken(file, batch_id)
         if not meta:
             return None
-        processing_time = meta[0]["_processing_time"].replace(tzinfo=UTC)
+        # a re-run keeps the first attempt's processing time: the same offsets, byte for byte
+        # (an object-store checkpoint creates them only once)
+        processing_time = (
+            first_attempt.processing_time
+            if first_attempt is not None
+            else meta[0]["_processing_time"].replace(tzinfo=UTC)
+        )
         files = sorted(
             (
                 self._taken_file(r, recorded.get(local_path(r["path"])), batch_id)
