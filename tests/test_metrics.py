@@ -89,13 +89,12 @@ def test_metrics_endpoint_counts_what_the_audit_tables_record(tmp_path: Path) ->
             (("pipeline", "customers"), ("reason", reason), ("table", "customers")),
         )
         assert samples[key] == n
-    pipeline = (("pipeline", "customers"),)
-    assert samples[("cdcflow_batch_duration_seconds_count", pipeline)] == 2
-    total_s = samples[("cdcflow_batch_duration_seconds_sum", pipeline)]
+    assert samples[("cdcflow_batch_duration_seconds_count", table)] == 2
+    total_s = samples[("cdcflow_batch_duration_seconds_sum", table)]
     assert abs(total_s - log["duration_ms"].sum() / 1000) < 0.01
     last = log.sort("batch_id")["max_event_lag_s"][-1]
-    assert samples[("cdcflow_event_lag_seconds", pipeline)] == last
-    assert 0 < time.time() - samples[("cdcflow_last_commit_timestamp_seconds", pipeline)] < 120
+    assert samples[("cdcflow_event_lag_seconds", table)] == last
+    assert 0 < time.time() - samples[("cdcflow_last_commit_timestamp_seconds", table)] < 120
     # counts, reason codes and times only: every label value is a known name, no record value
     known = {"customers", *quarantine["failure_reason"].unique().to_list()}
     known |= {"received", "accepted", "quarantined", "duplicate", "STALE", "TOMBSTONED", "LATE"}
@@ -120,3 +119,75 @@ def test_a_port_in_use_is_a_configuration_error(tmp_path: Path) -> None:
         "([Errno 98] Address already in use)"
     )
     assert not (tmp_path / "lakehouse").exists()  # nothing ran
+
+
+def test_declared_tables_get_their_own_duration_lag_and_last_commit(tmp_path: Path) -> None:
+    """Two declared tables, micro-batches that bring one or both: each table's histogram counts
+    the micro-batches that brought it records, its lag gauge is the largest ``ingested_at`` −
+    event time of its last batch's Bronze rows, its last-commit gauge is set only by those."""
+    from prometheus_client import generate_latest
+
+    from cdcflow.layers.metrics import PipelineMetrics
+    from cdcflow.pipeline import Pipeline, Trigger
+    from tests.test_tables_pipeline import rec, write_config, write_files
+
+    config = write_config(tmp_path)
+    accounts = {"owner": "Ann", "balance": "1.00", "opened_on": "2024-01-01"}
+    write_files(
+        config,
+        [
+            [json_line(rec("accounts", "A1", "INSERT", 10, 90, account_id=1, **accounts))],
+            [
+                json_line(rec("accounts", "A2", "UPDATE", 20, 30, account_id=1, balance=2)),
+                json_line(
+                    rec(
+                        "order_lines",
+                        "L1",
+                        "INSERT",
+                        21,
+                        7,
+                        order_id="O-1",
+                        line_no=1,
+                        sku="ABC-1",
+                        quantity=1,
+                    )
+                ),
+            ],
+            [json_line(rec("accounts", "A3", "UPDATE", 30, 1, account_id=1, balance=3))],
+        ],
+    )
+    reports = Pipeline(config).run(Trigger.parse("available-now"))
+    assert len(reports) == 3
+    metrics = PipelineMetrics(config)
+    for report in reports:
+        metrics.observe(report)
+    text = generate_latest(metrics.registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def sample(name: str, table: str) -> float | None:
+        return samples.get((name, (("pipeline", "shop"), ("table", table))))
+
+    assert sample("cdcflow_batch_duration_seconds_count", "accounts") == 3
+    assert sample("cdcflow_batch_duration_seconds_count", "order_lines") == 1
+    for table, batch in (("accounts", 2), ("order_lines", 1)):
+        bronze = pl.read_delta(config.table_uri(f"bronze/{table}_events"))
+        bronze = bronze.filter(pl.col("batch_id") == batch)
+        lag = (bronze["ingested_at"] - bronze["event_timestamp"]).dt.total_microseconds().max()
+        assert sample("cdcflow_event_lag_seconds", table) == lag / 1e6
+    # the accounts' last batch is the third, the order lines' the second: about 1 and 7 minutes
+    assert 50 < sample("cdcflow_event_lag_seconds", "accounts") < 120  # type: ignore[operator]
+    assert 400 < sample("cdcflow_event_lag_seconds", "order_lines") < 500  # type: ignore[operator]
+    last_accounts = sample("cdcflow_last_commit_timestamp_seconds", "accounts")
+    last_lines = sample("cdcflow_last_commit_timestamp_seconds", "order_lines")
+    assert last_accounts is not None and last_lines is not None
+    assert last_lines <= last_accounts
+
+
+def json_line(record: dict[str, object]) -> str:
+    import json
+
+    return json.dumps(record)

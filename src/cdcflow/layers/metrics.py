@@ -14,10 +14,14 @@ metric                                      type       labels and meaning
 ``cdcflow_events_total``                    counter    pipeline, outcome: ``STALE``,
                                                        ``TOMBSTONED``, ``LATE``
 ``cdcflow_quarantined_records_total``       counter    pipeline, table, reason (the reason code)
-``cdcflow_batch_duration_seconds``          histogram  pipeline: wall time of each micro-batch
-``cdcflow_event_lag_seconds``               gauge      pipeline: the last micro-batch's largest
-                                                       event lag (processing time − event time)
-``cdcflow_last_commit_timestamp_seconds``   gauge      pipeline: Unix time of the last commit
+``cdcflow_batch_duration_seconds``          histogram  pipeline, table: wall time of each
+                                                       micro-batch that brought the table records
+                                                       (one micro-batch serves all its tables)
+``cdcflow_event_lag_seconds``               gauge      pipeline, table: the largest event lag
+                                                       (processing time − event time) of the
+                                                       table's last micro-batch with events
+``cdcflow_last_commit_timestamp_seconds``   gauge      pipeline, table: Unix time of the last
+                                                       commit that brought the table records
 ``cdcflow_batches_total``                   counter    pipeline: micro-batches committed
 ==========================================  =========  ===========================================
 
@@ -85,17 +89,17 @@ class PipelineMetrics:
             ["pipeline", "table", "reason"], registry=r,
         )  # fmt: skip
         self.duration = Histogram(
-            "cdcflow_batch_duration_seconds", "Wall time of each micro-batch", ["pipeline"],
-            buckets=DURATION_BUCKETS, registry=r,
+            "cdcflow_batch_duration_seconds", "Wall time of each micro-batch",
+            ["pipeline", "table"], buckets=DURATION_BUCKETS, registry=r,
         )  # fmt: skip
         self.lag = Gauge(
             "cdcflow_event_lag_seconds",
             "Largest event lag (processing time - event time) of the last micro-batch",
-            ["pipeline"], registry=r,
+            ["pipeline", "table"], registry=r,
         )  # fmt: skip
         self.last_commit = Gauge(
             "cdcflow_last_commit_timestamp_seconds", "Unix time of the last committed micro-batch",
-            ["pipeline"], registry=r,
+            ["pipeline", "table"], registry=r,
         )  # fmt: skip
         self.batches = Counter(
             "cdcflow_batches", "Micro-batches committed", ["pipeline"], registry=r
@@ -109,22 +113,47 @@ class PipelineMetrics:
                 per-table counts are read from ``audit/table_batch_log``).
         """
         p = self.pipeline
-        for table, counts in self._per_table(report).items():
+        now = time.time()
+        per_table = self._per_table(report)
+        lags = self._lags(report, [t for t, c in per_table.items() if c["accepted"]])
+        for table, counts in per_table.items():
             for outcome in ("received", "accepted", "quarantined", "duplicate"):
                 self.records.labels(p, table, outcome).inc(counts[outcome])
             for operation in ("INSERT", "UPDATE", "DELETE"):
                 self.changes.labels(p, table, operation).inc(counts[operation])
+            if counts["received"]:
+                self.duration.labels(p, table).observe(report.duration_ms / 1000)
+                self.last_commit.labels(p, table).set(now)
+            if lags.get(table) is not None:
+                self.lag.labels(p, table).set(lags[table])
         self.events.labels(p, "STALE").inc(report.stale_ignored)
         self.events.labels(p, "TOMBSTONED").inc(report.tombstoned)
         self.events.labels(p, "LATE").inc(report.late_events)
         if report.quarantined:
             for (table, reason), n in self._reasons(report.batch_id).items():
                 self.quarantined.labels(p, table, reason).inc(n)
-        self.duration.labels(p).observe(report.duration_ms / 1000)
-        if report.max_event_lag_s is not None:
-            self.lag.labels(p).set(report.max_event_lag_s)
-        self.last_commit.labels(p).set(time.time())
         self.batches.labels(p).inc()
+
+    def _lags(self, report: BatchReport, tables: list[str]) -> dict[str, float | None]:
+        """Per table with accepted events: the largest event lag of the batch, in seconds (the
+        shipped table: the report's; declared tables: from the batch's Bronze rows,
+        ``ingested_at`` − ``event_timestamp``)."""
+        if not self.config.tables:
+            return dict.fromkeys(tables, report.max_event_lag_s)
+        out: dict[str, float | None] = {}
+        for contract in self.config.contracts():
+            if contract.name not in tables:
+                continue
+            rows = self._read(
+                contract.table_names.bronze, report.batch_id, ["ingested_at", "event_timestamp"]
+            )
+            if not rows.height:
+                continue
+            lag = rows.select(
+                (pl.col("ingested_at") - pl.col("event_timestamp")).dt.total_microseconds().max()
+            ).item()
+            out[contract.name] = None if lag is None else lag / 1e6
+        return out
 
     def _per_table(self, report: BatchReport) -> dict[str, dict[str, int]]:
         def counts(row: Any) -> dict[str, int]:
