@@ -64,8 +64,10 @@ def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
     # its closing hint: commands that are none of its steps, each working as pasted
     lines = again.stdout.splitlines()
     hints = [line.strip() for line in lines[lines.index("next, from this folder:") + 1 :]]
-    assert len(hints) == 4 and all(" -m cdcflow " in h for h in hints), hints
+    assert len(hints) == 6 and all(" -m cdcflow " in h for h in hints), hints
     assert [h.split(" -m cdcflow ")[1].split()[0] for h in hints] == [
+        "status",
+        "report",
         "as-of",
         "as-of",
         "optimize",
@@ -79,6 +81,10 @@ def test_demo_10000_events_reconciles_100_percent(tmp_path: Path) -> None:
         assert pasted.returncode == 0, (hint, pasted.stdout, pasted.stderr)
         if "as-of" in hint:
             assert "customer_id" in pasted.stdout and "(1 row)" in pasted.stdout
+        if " status " in hint:
+            assert "stopped" in pasted.stdout and "micro-batch" in pasted.stdout
+        if " report " in hint:  # the report beside the demo's config, with its plots
+            assert "(7 plots, " in pasted.stdout and (folder / "report.html").stat().st_size
         if "validate" in hint:  # the declared tables' step: both tables, no violation
             assert "accounts" in pasted.stdout and "order_lines" in pasted.stdout
 

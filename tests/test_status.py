@@ -120,6 +120,16 @@ def test_check_while_running_and_after_a_kill(workdir: Path) -> None:
         assert behind.returncode == 1
         assert behind.stderr.startswith("unhealthy: lag: customers p95 ")
         assert "above 60 s" in behind.stderr and "stopped" not in behind.stderr
+        # the threshold from the config (status.max_lag); the flag overrides it
+        (workdir / "strict.yaml").write_text(CONFIG + "status: {max_lag: 1m}\n")
+        strict = cdcflow("status", "--config", "strict.yaml", "--check", cwd=workdir)
+        assert strict.returncode == 1
+        assert strict.stderr.startswith("unhealthy: lag: customers p95 ")
+        assert "above 60 s" in strict.stderr
+        relaxed = cdcflow(
+            "status", "--config", "strict.yaml", "--check", "--max-lag", "1000d", cwd=workdir
+        )
+        assert relaxed.returncode == 0, relaxed.stderr
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)

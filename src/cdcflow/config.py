@@ -377,6 +377,17 @@ class SnowflakeSection(_Section):
     stage: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_$.]*)?$")
 
 
+class StatusSection(_Section):
+    """``status``: the health check of ``cdcflow status --check`` (docs/operations.md).
+
+    ``max_lag``: a table whose p95 end-to-end lag (source event time → Silver commit) over the
+    last hour is above it is unhealthy (e.g. ``5m``); unset: only a stopped pipeline is.
+    ``status --max-lag`` overrides it.
+    """
+
+    max_lag: Duration | None = None
+
+
 class SparkSection(_Section):
     """``spark``: the Spark engine (``pipeline.engine: spark``; see docs/spark.md).
 
@@ -411,6 +422,7 @@ class CdcflowConfig(BaseSettings):
     lineage: LineageSection = Field(default_factory=LineageSection)
     catalog: CatalogSection = Field(default_factory=CatalogSection)
     spark: SparkSection = Field(default_factory=SparkSection)
+    status: StatusSection = Field(default_factory=StatusSection)
     #: Table contracts (:mod:`cdcflow.model.contracts`); none declared = the shipped customers
     #: contract with this config's ``processing`` settings (see :meth:`contracts`).
     tables: list[TableContract] = Field(default_factory=list)

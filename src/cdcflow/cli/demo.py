@@ -464,6 +464,8 @@ def _pasteable(path: Path) -> str:
 def next_commands(ctx: DemoContext) -> list[str]:
     """Commands to try after the demo, on its lakehouse; none of them is one of its steps.
 
+    * ``status``: how the pipeline stands (latest micro-batch, lag, backlog, reasons);
+    * ``report``: the HTML report with its plots, beside the demo's config;
     * ``as-of --version``: a customer of the first micro-batch as Silver held it then;
     * ``as-of --timestamp``: the same customer at an instant of its history;
     * ``optimize``: compact, Z-order and vacuum the demo's tables;
@@ -480,7 +482,11 @@ def next_commands(ctx: DemoContext) -> list[str]:
 
     prog = program()
     config = shlex.quote(str(ctx.config_path))
-    commands = []
+    report = shlex.quote(str(ctx.config_path.parent / "report.html"))
+    commands = [
+        f"{prog} status --config {config}",
+        f"{prog} report --config {config} --out {report}",
+    ]
     reports = ctx.data.get("reports") or []
     version = reports[0].silver_version if reports else None
     if version is not None:

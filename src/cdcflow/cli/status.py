@@ -2,7 +2,7 @@
 its latest micro-batches, end-to-end lag, backlog, quarantine reasons, declared tables and
 Snowflake syncs, read from the audit tables and the checkpoint (:mod:`cdcflow.layers.status`).
 With ``--check`` it is a health check: exit 1 when the pipeline is stopped or its lag is above
-``--max-lag``."""
+``--max-lag`` (default: the config's ``status.max_lag``)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def status(
         str | None,
         typer.Option(
             help="health threshold: a table's p95 end-to-end lag over the last hour above it "
-            "(e.g. 30s, 5m) is a problem"
+            "(e.g. 30s, 5m) is a problem [default: the config's status.max_lag]"
         ),
     ] = None,
     check: Annotated[
@@ -60,7 +60,10 @@ def status(
         raise ConfigError(
             f"--max-lag: expected a duration such as 30s or 5m, got {max_lag!r}"
         ) from None
-    found = pipeline_status(load(config, declared_tables=True), batches, threshold)
+    settings = load(config, declared_tables=True)
+    if threshold is None:
+        threshold = settings.status.max_lag
+    found = pipeline_status(settings, batches, threshold)
     if output == "json":
         typer.echo(json.dumps(found.to_json(), indent=1))
     else:
