@@ -113,6 +113,7 @@ def adapt(command: str) -> tuple[str, str]:
     if bare == "make test":
         return "skip-self", bare
     if re.search(r"bench/(bench_\w+|peers)\.py", bare):
+        bare = " ".join(bare.split())  # one spelling per command line (continuations joined)
         for flag, value in SMALL_BENCH.items():
             if re.search(rf"{flag}\s+\d+", bare):
                 bare = re.sub(rf"{flag}\s+\d+", f"{flag} {value}", bare)

@@ -275,7 +275,13 @@ def test_interop_engines_take_turns_on_s3(spark: Any, s3_server: str, tmp_path: 
     assert any(name.startswith("spark/stream/commits/") for name in names), sorted(names)
 
 
-@settings(max_examples=4)
+#: Hypothesis examples of the property tests: four on ``local[2]``; two on the standalone cluster
+#: (tests/test_spark_cluster.py), whose run is about what crosses the driver/executor boundary,
+#: and where every example costs twice as long.
+EXAMPLES = 4 if SPARK_MASTER.startswith("local") else 2
+
+
+@settings(max_examples=EXAMPLES)
 @given(stream=streams(), mode=st.sampled_from(["soft", "hard"]))
 def test_property_spark_matches_oracle(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, stream: Any, mode: str
@@ -292,7 +298,7 @@ def test_property_spark_matches_oracle(
     check_against_oracle(lake, len(records))
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(stream=streams(), mode=st.sampled_from(["soft", "hard"]))
 def test_spark_gold_equals_the_local_gold_of_one_history(
     spark: Any, tmp_path_factory: pytest.TempPathFactory, stream: Any, mode: str
