@@ -124,8 +124,9 @@ class PipelineMetrics:
             if counts["received"]:
                 self.duration.labels(p, table).observe(report.duration_ms / 1000)
                 self.last_commit.labels(p, table).set(now)
-            if lags.get(table) is not None:
-                self.lag.labels(p, table).set(lags[table])
+            lag = lags.get(table)
+            if lag is not None:
+                self.lag.labels(p, table).set(lag)
         self.events.labels(p, "STALE").inc(report.stale_ignored)
         self.events.labels(p, "TOMBSTONED").inc(report.tombstoned)
         self.events.labels(p, "LATE").inc(report.late_events)
