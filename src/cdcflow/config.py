@@ -377,6 +377,16 @@ class SnowflakeSection(_Section):
     stage: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_$.]*)?$")
 
 
+class ErasureSection(_Section):
+    """``erasure``: ``cdcflow erase`` (docs/erasure.md).
+
+    ``key_file``: a file holding the key of the subjects' keyed hash in ``audit/erasure_log``
+    (``$CDCFLOW_ERASURE_KEY`` wins over it; neither: a random key kept in the checkpoint).
+    """
+
+    key_file: str = ""
+
+
 class StatusSection(_Section):
     """``status``: the health check of ``cdcflow status --check`` (docs/operations.md).
 
@@ -423,6 +433,7 @@ class CdcflowConfig(BaseSettings):
     catalog: CatalogSection = Field(default_factory=CatalogSection)
     spark: SparkSection = Field(default_factory=SparkSection)
     status: StatusSection = Field(default_factory=StatusSection)
+    erasure: ErasureSection = Field(default_factory=ErasureSection)
     #: Table contracts (:mod:`cdcflow.model.contracts`); none declared = the shipped customers
     #: contract with this config's ``processing`` settings (see :meth:`contracts`).
     tables: list[TableContract] = Field(default_factory=list)

@@ -24,6 +24,7 @@ from pathlib import Path
 from cdcflow.config import CdcflowConfig, parse_duration
 from cdcflow.engines import Engine, StreamingEngine, get_engine
 from cdcflow.errors import ConfigError
+from cdcflow.layers.erasure import enforce_erasures
 from cdcflow.logs import get_logger
 from cdcflow.report import BatchReport
 from cdcflow.signals import stop_on_signals
@@ -165,6 +166,8 @@ class Pipeline:
 
     def _run_and_commit(self, offsets: BatchOffsets) -> BatchReport:
         report = self.engine.run_batch(offsets)
+        # an erased subject's late events: applied with their PII nulled (docs/erasure.md)
+        enforce_erasures(self.config, offsets.batch_id)
         crash_point("before_commit", offsets.batch_id)
         self.checkpoint.write_commit(
             offsets.batch_id,
@@ -222,11 +225,15 @@ class Pipeline:
             lineage = self.lineage
 
             def streamed(report: BatchReport) -> None:
+                enforce_erasures(self.config, report.batch_id)  # after Spark's commit
                 if lineage is not None:  # START (at its processing time) and COMPLETE
                     lineage.complete(report)
                 done(report)
 
             with self.checkpoint.lock():
+                last = self.checkpoint.last_batch()
+                if last is not None:  # a run killed between a commit and its enforcement
+                    enforce_erasures(self.config, last)
                 try:
                     self.engine.run_stream(trigger, streamed)
                 except BaseException:

@@ -266,9 +266,11 @@ app.command(cls=HelpCommand)(status)
 app.command(cls=HelpCommand)(report)
 app.command(cls=HelpCommand)(catalog)
 
+from cdcflow.cli.erase import erase  # noqa: E402
 from cdcflow.cli.validate import validate  # noqa: E402
 
 app.command(cls=HelpCommand)(validate)
+app.command(cls=HelpCommand)(erase)
 
 from cdcflow.cli.source_workload import source_workload  # noqa: E402
 from cdcflow.cli.sync import sync_app  # noqa: E402

@@ -95,11 +95,12 @@ def run_reconcile(
         raise CdcflowError("give exactly one of --expected FILE or --source-snapshot FILE")
     if target not in TARGETS:
         raise CdcflowError(f"--target: expected one of {sorted(TARGETS)}, got {target!r}")
+    from cdcflow.layers.erasure import mask_erased
     from cdcflow.reconcile import read_state_file, reconcile_snapshot, reconcile_state
 
     actual = TARGETS[target](config)
     if expected is not None:
-        frame = read_state_file(expected)
+        frame = mask_erased(config, "customers", read_state_file(expected))
         return reconcile_state(actual, frame, expected_label=str(expected), actual_label=target)
     assert source_snapshot is not None
     if str(source_snapshot) == "postgres" and not source_snapshot.exists():
@@ -107,7 +108,7 @@ def run_reconcile(
         from cdcflow.sources.postgres_reconcile import reconcile_postgres
 
         return reconcile_postgres(config, actual)
-    snapshot = read_state_file(source_snapshot)
+    snapshot = mask_erased(config, "customers", read_state_file(source_snapshot))
     return reconcile_snapshot(actual, snapshot, snapshot_label=str(source_snapshot))
 
 
@@ -125,6 +126,7 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
     import polars as pl
     from deltalake import DeltaTable
 
+    from cdcflow.layers.erasure import mask_erased
     from cdcflow.reconcile import contract_public_schema, reconcile_table
 
     if not expected.is_dir():
@@ -141,6 +143,7 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
             frame = pl.read_parquet(path)
         except Exception as exc:
             raise CdcflowError(f"--expected: cannot read {path} ({type(exc).__name__})") from exc
+        frame = mask_erased(config, contract.name, frame)
         columns = contract_public_schema(contract).names
         silver = DeltaTable(
             config.table_uri(contract.table_names.silver),

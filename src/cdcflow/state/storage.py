@@ -21,6 +21,7 @@ Credentials and endpoints come from ``storage.options`` (the keys delta-rs takes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -88,6 +89,14 @@ class CheckpointStorage(Protocol):
         when it already existed (its content is left as it was)."""
         ...
 
+    def names(self, folder: str = "") -> list[str]:
+        """Names of the objects directly under ``folder`` (relative to it), sorted."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Delete ``name`` (nothing when it does not exist)."""
+        ...
+
 
 class LocalStorage:
     """A checkpoint folder on the local file system."""
@@ -115,6 +124,15 @@ class LocalStorage:
         path = self.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(path, payload)
+
+    def names(self, folder: str = "") -> list[str]:
+        path = self.root / folder
+        if not path.is_dir():
+            return []
+        return sorted(p.name for p in path.iterdir() if p.is_file())
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
 
     def create(self, name: str, payload: bytes) -> bool:
         path = self.root / name
@@ -214,6 +232,21 @@ class ObjectStorage:
 
     def replace(self, name: str, payload: bytes) -> None:
         self._obstore.put(self.store, name, payload)
+
+    def names(self, folder: str = "") -> list[str]:
+        prefix = f"{folder.strip('/')}/" if folder.strip("/") else None
+        found = []
+        for chunk in self._obstore.list(self.store, prefix=prefix):
+            for meta in chunk:
+                rest = meta["path"][len(prefix or "") :]
+                if "/" not in rest:
+                    found.append(rest)
+        return sorted(found)
+
+    def delete(self, name: str) -> None:
+        not_found, _, _ = self._errors()
+        with contextlib.suppress(not_found, FileNotFoundError):
+            self._obstore.delete(self.store, name)
 
     def create(self, name: str, payload: bytes) -> bool:
         _, exists, precondition = self._errors()

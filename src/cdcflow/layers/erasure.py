@@ -1,0 +1,952 @@
+"""Right to erasure: an audited, exactly-once purge of data subjects' personal data.
+
+``cdcflow erase --table T --key K`` removes, for each subject (one key of table ``T``), every
+value of a column the table's contract marks ``pii`` from every layer, and the raw text that
+contains them, keeping what the pipeline needs to stay correct (the key, the sequence, the
+operation, the timestamps):
+
+=========================  =====================================================================
+layer                      what happens to the subject's rows
+=========================  =====================================================================
+Bronze                     PII columns set to null; ``raw_payload``: every field named like a PII
+                           column set to null (at any depth: flat, Debezium ``before``/``after``,
+                           DMS ``data``), every other occurrence of a PII value replaced by
+                           :data:`REDACTED`. ``content_hash`` is kept, so a redelivery of an
+                           erased event stays a duplicate.
+quarantine                 the rows of the key and every row whose raw line holds one of the
+                           subject's PII values: ``raw_line`` and ``failure_detail`` redacted
+                           the same way
+Silver, history            PII columns set to null
+outcomes, tombstones       nothing to do: they hold keys, sequences and times only
+Gold                       recomputed from the redacted history (the shipped customers tables)
+Snowflake                  synced in the same run (``snowflake.mode`` not ``off``): the redacted
+                           Silver rows reach the Snowflake table as updates
+=========================  =====================================================================
+
+Every table the erasure changed is then vacuumed with a retention of zero (``full`` mode: the
+Change Data Feed's files too) and its Delta log truncated at a new checkpoint: the files and
+the log entries (their column statistics carry min/max values) of earlier versions are gone,
+and time travel to them ends there.
+
+Exactly-once: each table's redaction is one MERGE carrying the app transaction
+``cdcflow-erase-<request id>``; a re-run of the same request (same table and subjects, not yet
+completed in ``audit/erasure_log``) skips the tables that hold it and finishes the rest. Every
+step is a crash point (:data:`ERASURE_CRASH_POINTS`).
+
+Subjects are recorded in ``audit/erasure_log`` by a keyed hash (HMAC-SHA256) of the key, never
+by the key or any value: the key of the hash comes from ``$CDCFLOW_ERASURE_KEY``, else from the
+file ``erasure.key_file``, else from ``<checkpoint>/erasure.key`` (32 random bytes, created on
+first use; set one of the first two in production, since anyone who can read the checkpoint
+can otherwise test a guessed key against the log).
+
+A later event of an erased subject (a late or replayed delivery) is applied with its PII columns
+nulled: the micro-batch that brings it erases the subject's new values before its checkpoint
+commit (:func:`enforce_erasures`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from cdcflow.config import CdcflowConfig
+from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.layers.tables import TS, TableSpec
+from cdcflow.logs import get_logger
+from cdcflow.model.contracts import TableContract
+from cdcflow.state.faults import crash_point
+
+log = get_logger("erasure")
+
+#: What replaces a PII value found inside a text (a raw payload, a raw line, a detail).
+REDACTED = "[erased]"
+#: The environment variable holding the key of the subjects' keyed hash.
+KEY_ENV = "CDCFLOW_ERASURE_KEY"
+#: Shortest PII value searched for inside texts (shorter ones would match everywhere).
+MIN_VALUE_LENGTH = 3
+#: The steps of an erasure, each followed by a crash point ``erase_after_<step>``.
+ERASURE_CRASH_POINTS = (
+    "erase_after_log",
+    "erase_after_quarantine",
+    "erase_after_bronze",
+    "erase_after_history",
+    "erase_after_silver",
+    "erase_after_gold",
+    "erase_after_snowflake",
+    "erase_after_vacuum",
+)
+
+ERASURE_LOG = TableSpec(
+    "audit/erasure_log",
+    pa.schema(
+        [
+            pa.field("request_id", pa.string(), nullable=False),
+            pa.field("table_name", pa.string(), nullable=False),
+            pa.field("subject_hash", pa.string(), nullable=False),
+            pa.field("reason", pa.string(), nullable=False),
+            pa.field("requested_at", TS, nullable=False),
+            pa.field("completed_at", TS),
+            pa.field("status", pa.string(), nullable=False),
+            pa.field("rows_redacted", pa.string()),  # JSON: Delta table -> rows
+            pa.field("versions", pa.string()),  # JSON: Delta table -> version written
+        ]
+    ),
+)
+
+
+class ErasureError(CdcflowError):
+    """An erasure cannot run as asked (unknown table, no PII column, time travel not
+    confirmed)."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """One data subject: a key of the table (its values as text, in key order) and its keyed
+    hash."""
+
+    key: tuple[str, ...]
+    hash: str
+
+
+@dataclass
+class ErasureReport:
+    """What one ``erase`` did (or, with ``dry_run``, would do).
+
+    Attributes:
+        request_id: the request's id in ``audit/erasure_log``.
+        table: the contract's name.
+        subjects: how many subjects.
+        rows: Delta table → rows redacted (a dry run: rows that would be).
+        versions: Delta table → the version the erasure wrote.
+        vacuumed: Delta table → files removed by the vacuum.
+        snowflake: ``synced``, ``off`` (no sync configured) or ``dry-run``.
+        dry_run: nothing was written.
+        resumed: an unfinished request with the same subjects was finished.
+    """
+
+    request_id: str
+    table: str
+    subjects: int
+    rows: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    vacuumed: dict[str, int] = field(default_factory=dict)
+    snowflake: str = "off"
+    dry_run: bool = False
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+# ------------------------------------------------------------------ subjects and the keyed hash
+def erasure_key(config: CdcflowConfig) -> bytes:
+    """The key of the subjects' keyed hash (see the module docstring for where it comes from).
+
+    Raises:
+        ConfigError: ``erasure.key_file`` cannot be read (names the key).
+    """
+    from_env = os.environ.get(KEY_ENV, "")
+    if from_env:
+        return from_env.encode("utf-8")
+    if config.erasure.key_file:
+        try:
+            text = Path(config.erasure.key_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"erasure.key_file: cannot read {config.erasure.key_file} ({exc.strerror})"
+            ) from None
+        if not text:
+            raise ConfigError(f"erasure.key_file: {config.erasure.key_file} is empty")
+        return text.encode("utf-8")
+    from cdcflow.state.checkpoint import Checkpoint
+
+    storage = Checkpoint.of(config).storage
+    storage.create("erasure.key", secrets.token_hex(32).encode("ascii"))  # kept if present
+    stored = storage.read("erasure.key")
+    assert stored is not None
+    return stored.strip()
+
+
+def subject_hash(key: Sequence[str], secret: bytes) -> str:
+    """HMAC-SHA256 of a key's values (as text, joined by U+001F), hex."""
+    return hmac.new(secret, "\x1f".join(key).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def parse_key(text: str, contract: TableContract) -> tuple[str, ...]:
+    """A ``--key`` value as the key's values in key order: the text itself for a one-column
+    key; for a composite key a JSON array (``["O-1", 1]``) or comma-separated values.
+
+    Raises:
+        ErasureError: not as many values as the table has key columns.
+    """
+    if len(contract.keys) == 1:
+        return (text.strip(),)
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = text.split(",")
+    if not isinstance(values, list) or len(values) != len(contract.keys):
+        raise ErasureError(
+            f"--key {text!r}: table {contract.name} has the key ({', '.join(contract.keys)}): "
+            "give its values as a JSON array or separated by commas"
+        )
+    return tuple(str(v).strip() for v in values)
+
+
+def find_contract(config: CdcflowConfig, table: str) -> TableContract:
+    """The contract called ``table``.
+
+    Raises:
+        ErasureError: no such table, or it marks no column ``pii``.
+    """
+    contracts = {c.name: c for c in config.contracts()}
+    contract = contracts.get(table)
+    if contract is None:
+        raise ErasureError(
+            f"--table {table}: no such table (tables: {', '.join(sorted(contracts))})"
+        )
+    if not [c for c in contract.columns if c.pii]:
+        raise ErasureError(f"--table {table}: its contract marks no column pii: nothing to erase")
+    return contract
+
+
+# ------------------------------------------------------------------ redaction of values and texts
+def _redact_json(value: Any, names: set[str], values: Sequence[str]) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: (None if k in names and v is not None else _redact_json(v, names, values))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact_json(v, names, values) for v in value]
+    if isinstance(value, str):
+        return _redact_plain(value, values)
+    return value
+
+
+def _redact_plain(text: str, values: Sequence[str]) -> str:
+    for value in values:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def redact_text(text: str | None, names: set[str], values: Sequence[str]) -> str | None:
+    """``text`` without personal data: a JSON text with every field named in ``names`` set to
+    null (at any depth) and every occurrence of one of ``values`` inside its strings replaced
+    by :data:`REDACTED`, written back compactly; any other text with those occurrences replaced
+    (also inside JSON-escaped strings).
+
+    Args:
+        text: a raw payload, raw line or failure detail (None stays None).
+        names: the contract's PII column names.
+        values: the subject's PII values (longest first).
+    """
+    if text is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict | list):
+        return json.dumps(_redact_json(parsed, names, values), ensure_ascii=False)
+    escaped = [json.dumps(v, ensure_ascii=False)[1:-1] for v in values]
+    return _redact_plain(_redact_plain(text, values), escaped)
+
+
+# ------------------------------------------------------------------ the tables
+@dataclass
+class _Layer:
+    """One Delta table of a contract: how its rows are identified and what is redacted."""
+
+    name: str
+    kind: str  # bronze | quarantine | silver | history
+    identity: tuple[str, ...]
+    nulled: tuple[str, ...]  # PII columns set to null
+    texts: tuple[str, ...]  # text columns redacted
+
+
+def _layers(contract: TableContract) -> list[_Layer]:
+    names = contract.table_names
+    pii = tuple(c.name for c in contract.columns if c.pii)
+    keys = tuple(contract.keys)
+    return [
+        # quarantine first: its rows are found by the PII values the others still hold
+        _Layer(
+            names.quarantine,
+            "quarantine",
+            ("batch_id", "source_file", "source_line"),
+            (),
+            ("raw_line", "failure_detail"),
+        ),
+        _Layer(
+            names.bronze,
+            "bronze",
+            ("batch_id", "source_file", "source_line"),
+            pii,
+            ("raw_payload",),
+        ),
+        _Layer(names.history, "history", (*keys, "sequence", "event_id"), pii, ()),
+        _Layer(names.silver, "silver", keys, pii, ()),
+    ]
+
+
+def _open(config: CdcflowConfig, name: str) -> DeltaTable | None:
+    uri = config.table_uri(name)
+    options = config.storage.options or None
+    if not DeltaTable.is_deltatable(uri, storage_options=options):
+        return None
+    return DeltaTable(uri, storage_options=options)
+
+
+def _scan(table: DeltaTable) -> pl.LazyFrame:
+    from cdcflow.engines.local.delta import scan_table
+
+    return scan_table(table)
+
+
+def _key_filter(
+    contract: TableContract, subjects: Sequence[Subject], columns: Iterable[str]
+) -> pl.Expr:
+    """Rows whose key (its columns as text) is one of the subjects'."""
+    present = set(columns)
+    if not all(k in present for k in contract.keys):
+        return pl.lit(False)
+    wanted = pl.DataFrame(
+        {k: [s.key[i] for s in subjects] for i, k in enumerate(contract.keys)},
+        schema={k: pl.String for k in contract.keys},
+    )
+    expr = pl.lit(False)
+    for row in wanted.iter_rows():
+        one = pl.lit(True)
+        for column, value in zip(contract.keys, row, strict=True):
+            one = one & (pl.col(column).cast(pl.String).str.strip_chars() == value)
+        expr = expr | one
+    return expr
+
+
+def _pii_values(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
+) -> list[str]:
+    """The subjects' PII values the tables still hold (Bronze's columns and raw payloads'
+    PII fields, Silver, history), as texts of at least :data:`MIN_VALUE_LENGTH` characters,
+    longest first. Kept in memory only: never logged nor written."""
+    pii = [c.name for c in contract.columns if c.pii]
+    found: set[str] = set()
+    for layer in _layers(contract)[1:]:
+        table = _open(config, layer.name)
+        if table is None:
+            continue
+        scan = _scan(table)
+        columns = scan.collect_schema().names()
+        wanted = [c for c in (*pii, *layer.texts) if c in columns]
+        rows = scan.filter(_key_filter(contract, subjects, columns)).select(wanted).collect()
+        for column in pii:
+            if column in rows.columns:
+                found.update(str(v) for v in rows[column].drop_nulls().to_list())
+        for column in layer.texts:
+            if column not in rows.columns:
+                continue
+            for text in rows[column].drop_nulls().to_list():
+                _collect_fields(_loads(text), set(pii), found)
+    return sorted((v for v in found if len(v.strip()) >= MIN_VALUE_LENGTH), key=len, reverse=True)
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _collect_fields(value: Any, names: set[str], found: set[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in names and v is not None and not isinstance(v, dict | list):
+                found.add(str(v))
+            else:
+                _collect_fields(v, names, found)
+    elif isinstance(value, list):
+        for v in value:
+            _collect_fields(v, names, found)
+
+
+def _matching_rows(
+    table: DeltaTable,
+    layer: _Layer,
+    contract: TableContract,
+    subjects: Sequence[Subject],
+    values: Sequence[str],
+) -> pl.DataFrame:
+    scan = _scan(table)
+    columns = scan.collect_schema().names()
+    match = _key_filter(contract, subjects, columns)
+    if layer.kind == "quarantine" and values:
+        match = match | pl.col("raw_line").str.contains_any(list(values))
+        match = match | pl.col("failure_detail").str.contains_any(list(values))
+    rows = scan.filter(match).collect()
+    if layer.kind in ("quarantine", "bronze"):
+        return rows
+    # Silver and history: only rows that still hold a value to null
+    nulled = [c for c in layer.nulled if c in rows.columns]
+    if not nulled:
+        return rows.clear()
+    return rows.filter(pl.any_horizontal(pl.col(c).is_not_null() for c in nulled))
+
+
+def _redacted(
+    rows: pl.DataFrame, layer: _Layer, pii: set[str], values: Sequence[str]
+) -> pl.DataFrame:
+    out = rows.with_columns(
+        pl.lit(None, dtype=rows.schema[c]).alias(c) for c in layer.nulled if c in rows.columns
+    )
+    for column in layer.texts:
+        if column in out.columns:
+            redacted = [redact_text(t, pii, values) for t in out[column].to_list()]
+            out = out.with_columns(pl.Series(column, redacted, dtype=pl.String))
+    return out
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _merge(table: DeltaTable, rows: pl.DataFrame, layer: _Layer, app_id: str) -> None:
+    """Write the redacted ``rows`` over the table's rows of the same identity: one MERGE
+    carrying the app transaction (``app_id``, 1)."""
+    from cdcflow.engines.local.delta import commit_props
+
+    changed = [c for c in (*layer.nulled, *layer.texts) if c in rows.columns]
+    predicate = " AND ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in layer.identity)
+    source = rows.select([*layer.identity, *changed]).to_arrow()
+    (
+        table.merge(
+            source,
+            predicate,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=commit_props(app_id, 1),
+        )
+        .when_matched_update({_quote(c): f"s.{_quote(c)}" for c in changed})
+        .execute()
+    )
+
+
+# ------------------------------------------------------------------ the log
+def _log_table(config: CdcflowConfig) -> DeltaTable:
+    from cdcflow.engines.local.delta import DeltaStore
+
+    store = DeltaStore(
+        {ERASURE_LOG.name: config.table_uri(ERASURE_LOG.name)}, config.storage.options
+    )
+    return store.open(ERASURE_LOG)
+
+
+def erasure_log(config: CdcflowConfig) -> pl.DataFrame:
+    """``audit/erasure_log``: one row per subject per request (empty when no erasure ran)."""
+    table = _open(config, ERASURE_LOG.name)
+    if table is None:
+        empty = pl.DataFrame(ERASURE_LOG.schema.empty_table())
+        return empty
+    return _scan(table).collect()
+
+
+def erased_hashes(config: CdcflowConfig, table: str) -> set[str]:
+    """The keyed hashes of every subject of ``table`` an erasure was requested for."""
+    rows = erasure_log(config)
+    return set(rows.filter(pl.col("table_name") == table)["subject_hash"].to_list())
+
+
+def _request(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
+) -> tuple[str, bool]:
+    """(request id, resumed): an unfinished request of exactly these subjects is resumed;
+    otherwise a new id."""
+    rows = erasure_log(config).filter(pl.col("table_name") == contract.name)
+    wanted = sorted(s.hash for s in subjects)
+    for request_id, group in rows.group_by("request_id"):
+        if (
+            sorted(group["subject_hash"].to_list()) == wanted
+            and (group["status"] != "completed").all()
+        ):
+            return str(request_id[0]), True
+    return uuid.uuid4().hex[:16], False
+
+
+def _append_log(
+    config: CdcflowConfig,
+    request_id: str,
+    contract: TableContract,
+    subjects: Sequence[Subject],
+    reason: str,
+    requested_at: datetime,
+    status: str,
+    report: ErasureReport | None = None,
+) -> None:
+    from deltalake import write_deltalake
+
+    from cdcflow.engines.local.delta import commit_props, txn_done
+
+    table = _log_table(config)
+    app_id = f"cdcflow-erase-log-{request_id}"
+    version = 0 if status == "requested" else 1
+    if txn_done(table, app_id, version):
+        return
+    completed = datetime.now(UTC) if status == "completed" else None
+    rows = pa.Table.from_pylist(
+        [
+            {
+                "request_id": request_id,
+                "table_name": contract.name,
+                "subject_hash": s.hash,
+                "reason": reason,
+                "requested_at": requested_at,
+                "completed_at": completed,
+                "status": status,
+                "rows_redacted": json.dumps(report.rows, sort_keys=True) if report else None,
+                "versions": json.dumps(report.versions, sort_keys=True) if report else None,
+            }
+            for s in subjects
+        ],
+        schema=ERASURE_LOG.schema,
+    )
+    write_deltalake(table, rows, mode="append", commit_properties=commit_props(app_id, version))
+
+
+# ------------------------------------------------------------------ vacuum and the log's end
+def _truncate_history(config: CdcflowConfig, name: str) -> int:
+    """Vacuum the table with a retention of zero (full mode: every file the latest version does
+    not reference, the Change Data Feed's included), write a checkpoint at the latest version
+    and delete the log entries and checkpoints before it. Returns the files vacuumed."""
+    table = _open(config, name)
+    if table is None:
+        return 0
+    removed = table.vacuum(
+        retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True
+    )
+    table = _open(config, name)
+    assert table is not None
+    version = table.version()
+    table.create_checkpoint()
+    _delete_log_before(config, name, version)
+    return len(removed)
+
+
+def _delete_log_before(config: CdcflowConfig, name: str, version: int) -> None:
+    """Delete ``_delta_log`` commit files, checksums and checkpoints of versions before
+    ``version``."""
+    from cdcflow.state.storage import open_storage
+
+    storage = open_storage(f"{config.table_uri(name)}/_delta_log", config.storage.options)
+    for entry in storage.names():
+        head = entry.split(".", 1)[0]
+        if head.isdigit() and int(head) < version:
+            storage.delete(entry)
+
+
+def _duration(value: Any) -> str:
+    seconds = int(value.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+# ------------------------------------------------------------------ the command
+def erase(
+    config: CdcflowConfig,
+    table: str,
+    keys: Sequence[str],
+    reason: str = "",
+    dry_run: bool = False,
+    confirmed: bool = False,
+    on_step: Callable[[str], None] | None = None,
+) -> ErasureReport:
+    """Erase the personal data of the subjects ``keys`` of ``table`` (see the module docstring).
+
+    The caller holds the checkpoint's run lock (no micro-batch runs meanwhile).
+
+    Args:
+        config: the pipeline configuration.
+        table: the contract's name (``customers`` for the shipped table).
+        keys: the subjects' keys (:func:`parse_key`).
+        reason: why (e.g. a ticket number); recorded in ``audit/erasure_log``, never personal
+            data.
+        dry_run: count what would be redacted, write nothing.
+        confirmed: ``--yes``: the run may end time travel earlier than
+            ``maintenance.time_travel_window``.
+        on_step: called with each step's name before it runs (progress).
+
+    Returns:
+        The report.
+
+    Raises:
+        ErasureError: unknown table, no PII column, no key, or time travel not confirmed.
+    """
+    contract = find_contract(config, table)
+    if not keys:
+        raise ErasureError("give at least one --key (or --from-file)")
+    secret = erasure_key(config)
+    subjects = sorted(
+        {Subject(k, subject_hash(k, secret)) for k in (parse_key(t, contract) for t in keys)},
+        key=lambda s: s.hash,
+    )
+    step = on_step or (lambda name: None)
+    request_id, resumed = _request(config, contract, subjects)
+    report = ErasureReport(request_id, contract.name, len(subjects), dry_run=dry_run)
+    report.resumed = resumed
+    pii = {c.name for c in contract.columns if c.pii}
+    step("collecting the subjects' values")
+    values = _pii_values(config, contract, subjects)
+    app_id = f"cdcflow-erase-{request_id}"
+    planned: list[tuple[_Layer, DeltaTable, pl.DataFrame]] = []
+    for layer in _layers(contract):
+        delta = _open(config, layer.name)
+        if delta is None:
+            continue
+        if delta.transaction_version(app_id) is not None:
+            report.rows[layer.name] = 0  # done by an earlier attempt of this request
+            continue
+        rows = _matching_rows(delta, layer, contract, subjects, values)
+        report.rows[layer.name] = rows.height
+        planned.append((layer, delta, rows))
+    if dry_run:
+        report.snowflake = "dry-run"
+        return report
+    window = config.maintenance.time_travel_window
+    if window.total_seconds() > 0 and not confirmed:
+        raise ErasureError(
+            "erase vacuums the tables it changes and ends their time travel at the erasure "
+            f"(maintenance.time_travel_window is {_duration(window)}): run it again with --yes"
+        )
+    requested_at = datetime.now(UTC)
+    step("recording the request")
+    _append_log(config, request_id, contract, subjects, reason, requested_at, "requested")
+    crash_point("erase_after_log", 0)
+    for layer, delta, rows in planned:
+        step(f"redacting {layer.name}")
+        if rows.height:
+            _merge(delta, _redacted(rows, layer, pii, values), layer, app_id)
+        crash_point(f"erase_after_{layer.kind}", 0)
+    # every table of the contract is vacuumed (a resumed request's earlier redactions too)
+    touched = [layer.name for layer in _layers(contract)]
+    if not config.tables:  # the shipped customers tables: Gold from the redacted history
+        step("recomputing Gold")
+        from cdcflow.engines.local.gold import refresh_gold
+        from cdcflow.layers.gold import GOLD_TABLES
+
+        refresh_gold(config)
+        touched += [spec.name for spec in GOLD_TABLES]
+    crash_point("erase_after_gold", 0)
+    if config.snowflake.mode != "off":
+        step("syncing Snowflake")
+        from cdcflow.sinks.snowflake.sync import sync_snowflake
+
+        sync_snowflake(config)
+        report.snowflake = "synced"
+    crash_point("erase_after_snowflake", 0)
+    for name in dict.fromkeys(touched):
+        step(f"vacuuming {name}")
+        report.vacuumed[name] = _truncate_history(config, name)
+        opened = _open(config, name)
+        if opened is not None:
+            report.versions[name] = opened.version()
+    crash_point("erase_after_vacuum", 0)
+    _append_log(config, request_id, contract, subjects, reason, requested_at, "completed", report)
+    log.info(
+        "erasure completed",
+        extra={"erasure": {"request_id": request_id, "table": contract.name,
+                           "subjects": len(subjects), "rows": report.rows}},
+    )  # fmt: skip
+    return report
+
+
+def mask_erased(config: CdcflowConfig, table: str, frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` (an expected state or a source snapshot of ``table``: one row per key) with the
+    PII columns of erased subjects set to null, as Silver holds them after the erasure, so
+    that a reconciliation compares what the pipeline is meant to hold. Unchanged when no
+    erasure of the table is logged."""
+    hashes = erased_hashes(config, table)
+    if not hashes or frame.is_empty():
+        return frame
+    contract = next(c for c in config.contracts() if c.name == table)
+    pii = [c.name for c in contract.columns if c.pii and c.name in frame.columns]
+    if not pii or not all(k in frame.columns for k in contract.keys):
+        return frame
+    secret = erasure_key(config)
+    keys = frame.select(pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys)
+    erased = pl.Series(
+        [subject_hash(tuple(row), secret) in hashes for row in keys.iter_rows()], dtype=pl.Boolean
+    )
+    return frame.with_columns(pl.when(erased).then(None).otherwise(pl.col(c)).alias(c) for c in pii)
+
+
+def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport]:
+    """Erase again the subjects of earlier erasures that micro-batch ``batch_id`` brought
+    events of (late or replayed deliveries): their new PII values are redacted from every layer
+    like the first time (a request of its own in ``audit/erasure_log``, reason
+    ``late event of an erased subject (micro-batch N)``), so the event is applied with its PII
+    columns nulled. Nothing to do (and nothing read but the log) when no erasure was logged.
+
+    The caller holds the checkpoint's run lock; the local engine calls it before the batch's
+    checkpoint commit (a crash before it re-runs the batch and this), the Spark engine right
+    after it.
+
+    Returns:
+        One report per table whose subjects were erased again.
+    """
+    reports = []
+    for contract in config.contracts():
+        hashes = erased_hashes(config, contract.name)
+        if not hashes:
+            continue
+        bronze = _open(config, contract.table_names.bronze)
+        if bronze is None:
+            continue
+        keys = (
+            _scan(bronze)
+            .filter(pl.col("batch_id") == batch_id)
+            .select(pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys)
+            .unique()
+            .collect()
+        )
+        secret = erasure_key(config)
+        again = [row for row in keys.iter_rows() if subject_hash(tuple(row), secret) in hashes]
+        if not again:
+            continue
+        texts = [row[0] if len(row) == 1 else json.dumps(list(row)) for row in again]
+        reports.append(
+            erase(
+                config,
+                contract.name,
+                texts,
+                reason=f"late event of an erased subject (micro-batch {batch_id})",
+                confirmed=True,
+            )
+        )
+    return reports
+
+
+# ------------------------------------------------------------------ verification
+@dataclass
+class Check:
+    """One finding of :func:`verify_erasure`: ``ok`` or not, and where (never a value)."""
+
+    what: str
+    ok: bool
+    detail: str = ""
+
+
+def _subjects(config: CdcflowConfig, contract: TableContract, keys: Sequence[str]) -> list[Subject]:
+    secret = erasure_key(config)
+    return [Subject(k, subject_hash(k, secret)) for k in (parse_key(t, contract) for t in keys)]
+
+
+def _value_forms(values: Sequence[str]) -> list[bytes]:
+    forms: set[bytes] = set()
+    for value in values:
+        forms.add(value.encode("utf-8"))
+        forms.add(json.dumps(value)[1:-1].encode("utf-8"))
+    return sorted(forms)
+
+
+def _file_holds(path: str, data: bytes, forms: Sequence[bytes]) -> bool:
+    """True when the file's content holds one of ``forms``: a Parquet file read back as values
+    (compressed pages hide strings from a byte search), a gzip file decompressed, any other
+    file as bytes."""
+    import gzip
+    import io
+
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(data))
+        for column in table.columns:
+            text = "\n".join(str(v) for v in column.to_pylist() if v is not None)
+            if any(form.decode("utf-8") in text for form in forms):
+                return True
+        return False
+    if path.endswith(".gz"):
+        with contextlib.suppress(OSError):
+            data = gzip.decompress(data)
+    return any(form in data for form in forms)
+
+
+def scan_files(config: CdcflowConfig, values: Sequence[str]) -> list[str]:
+    """Every file under ``storage.root`` and ``checkpoint.location`` that still holds one of
+    ``values`` (the Snowflake emulator's database files excepted: Snowflake is checked by
+    query). Returns their paths (relative to the root / the checkpoint)."""
+    from cdcflow.state.storage import is_object_uri
+
+    forms = _value_forms([v for v in values if v])
+    found: list[str] = []
+    for location in dict.fromkeys((config.storage.root, config.checkpoint.location)):
+        for name, data in _files(location, config.storage.options, is_object_uri(location)):
+            if name.startswith("_snowflake_emulator"):
+                continue
+            if _file_holds(name, data, forms):
+                found.append(name)
+    return found
+
+
+def _files(location: str, options: dict[str, str], remote: bool) -> Iterable[tuple[str, bytes]]:
+    if remote:
+        import obstore
+        from obstore.store import from_url
+
+        from cdcflow.state.storage import _store_options
+
+        store_config, client = _store_options(options)
+        store = from_url(location.rstrip("/"), config=store_config or None, client_options=client)  # type: ignore[call-overload]
+        for chunk in obstore.list(store):
+            for meta in chunk:
+                yield meta["path"], bytes(obstore.get(store, meta["path"]).bytes())
+        return
+    root = Path(location)
+    if not root.is_dir():
+        return
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            yield str(path.relative_to(root)), path.read_bytes()
+
+
+def verify_erasure(
+    config: CdcflowConfig, table: str, keys: Sequence[str], values: Sequence[str] = ()
+) -> list[Check]:
+    """Check that the subjects ``keys`` of ``table`` are erased.
+
+    * ``audit/erasure_log`` holds a completed request for each subject;
+    * each layer's rows of the subjects hold no PII: the PII columns are null and the raw
+      texts have no PII field with a value;
+    * each table's Delta log starts at or after the erasure's version (no earlier version, whose
+      files or statistics could hold the values, can be read);
+    * with ``values`` (what the requester knows of their data: e-mail, phone, name), no file
+      under the lakehouse root or the checkpoint holds any of them (:func:`scan_files`);
+    * with a Snowflake sync configured, the subjects' rows in the Snowflake table hold no PII.
+
+    Returns:
+        The checks, each ``ok`` or not; a detail names a table or file, never a value.
+    """
+    contract = find_contract(config, table)
+    subjects = _subjects(config, contract, keys)
+    pii = [c.name for c in contract.columns if c.pii]
+    checks: list[Check] = []
+    rows = erasure_log(config).filter(
+        (pl.col("table_name") == contract.name) & (pl.col("status") == "completed")
+    )
+    done = set(rows["subject_hash"].to_list())
+    missing = [s for s in subjects if s.hash not in done]
+    checks.append(
+        Check(
+            "audit/erasure_log: a completed erasure of every subject",
+            not missing,
+            f"{len(missing)} subject(s) without one" if missing else "",
+        )
+    )
+    versions: dict[str, int] = {}
+    for text in rows["versions"].drop_nulls().to_list():
+        for name, version in json.loads(text).items():
+            versions[name] = max(versions.get(name, 0), int(version))
+    for layer in _layers(contract):
+        delta = _open(config, layer.name)
+        if delta is None:
+            continue
+        scan = _scan(delta)
+        columns = scan.collect_schema().names()
+        mine = scan.filter(_key_filter(contract, subjects, columns)).collect()
+        bad = 0
+        for column in (c for c in pii if c in mine.columns):
+            bad += int(mine[column].is_not_null().sum())
+        for column in (c for c in layer.texts if c in mine.columns):
+            for text in mine[column].drop_nulls().to_list():
+                held: set[str] = set()
+                _collect_fields(_loads(text), set(pii), held)
+                bad += bool(held)
+        checks.append(
+            Check(
+                f"{layer.name}: the subjects' rows hold no PII",
+                bad == 0,
+                f"{bad} value(s) left" if bad else "",
+            )
+        )
+        if layer.name in versions:
+            from cdcflow.state.storage import open_storage
+
+            log_store = open_storage(f"{config.table_uri(layer.name)}/_delta_log",
+                                     config.storage.options)  # fmt: skip
+            commits = [int(n.split(".")[0]) for n in log_store.names() if n.endswith(".json")
+                       and n.split(".")[0].isdigit()]  # fmt: skip
+            earliest = min(commits, default=versions[layer.name])
+            checks.append(
+                Check(
+                    f"{layer.name}: no version before the erasure can be read",
+                    earliest >= versions[layer.name],
+                    f"the log starts at version {earliest}",
+                )
+            )
+    if values:
+        found = scan_files(config, values)
+        checks.append(
+            Check(
+                "every file under the lakehouse root and the checkpoint: none of the values",
+                not found,
+                ", ".join(found[:10]),
+            )
+        )
+    if config.snowflake.mode != "off":
+        checks.append(_snowflake_check(config, contract, subjects, pii))
+    return checks
+
+
+def _snowflake_check(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject], pii: list[str]
+) -> Check:
+    from cdcflow.sinks.snowflake.connection import connect
+
+    where = " AND ".join(f"TO_VARCHAR({k}) = %s" for k in contract.keys)
+    table = contract.table_names.snowflake
+    bad = 0
+    with connect(config) as conn:
+        cur = conn.cursor()
+        for subject in subjects:
+            try:
+                cur.execute(f"SELECT {', '.join(pii)} FROM {table} WHERE {where}", subject.key)
+            except Exception as exc:  # the table may not exist yet (nothing synced)
+                return Check(f"Snowflake {table}: the subjects' rows hold no PII", False,
+                             type(exc).__name__)  # fmt: skip
+            bad += sum(v is not None for row in cur.fetchall() for v in row)
+    return Check(f"Snowflake {table}: the subjects' rows hold no PII", bad == 0,
+                 f"{bad} value(s) left" if bad else "")  # fmt: skip
+
+
+__all__ = [
+    "ERASURE_CRASH_POINTS",
+    "ERASURE_LOG",
+    "Check",
+    "ErasureError",
+    "ErasureReport",
+    "enforce_erasures",
+    "erase",
+    "erased_hashes",
+    "erasure_key",
+    "erasure_log",
+    "mask_erased",
+    "redact_text",
+    "scan_files",
+    "subject_hash",
+    "verify_erasure",
+]
