@@ -1,0 +1,281 @@
+"""The right to erasure (``cdcflow erase``): a subject's personal data is gone from every file of
+the lakehouse and the checkpoint — Parquet files read back as values, Delta logs and
+checkpoints, the checkpoint folder — while other subjects' data, replay and reconciliation are
+intact; the same through a SIGKILL at every step of the erasure, for a late event after it, in
+Snowflake, and on the Spark engine."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from cdcflow.config import SnowflakeSection
+from cdcflow.layers.erasure import ERASURE_CRASH_POINTS, erase, erasure_log, redact_text
+from tests.conftest import REPO, Lake, ev, full
+
+SUBJECT = "C-7"
+#: the subject's personal data, as the requester knows it
+VALUES = ("Jane Q. Erasable", "jane.erasable@example.com", "+44-7700900123", "jane.new@example.org")
+OTHER = {"customer_name": "Keep Me", "email": "keep.me@example.com", "phone": "+1-5550100"}
+
+_db_numbers = itertools.count(1000)
+
+
+def subject_events() -> list[list[Any]]:
+    """Files of records: the subject inserted, updated (partially, twice with the same event:
+    a duplicate), deleted and revived, quarantined records holding their e-mail (a broken
+    line without a key, an unknown operation with the key), and another customer."""
+    name, email, phone, new_email = VALUES
+    mine = full(customer_name=name, email=email, phone=phone)
+    return [
+        [
+            ev("E1", SUBJECT, "INSERT", 10, **mine),
+            ev("E2", "C-8", "INSERT", 11, **full(**OTHER)),
+            f'{{"event_id": "BAD1", "email": "{email}", broken',
+        ],
+        [
+            ev("E3", SUBJECT, "UPDATE", 20, email=new_email),
+            ev("E3", SUBJECT, "UPDATE", 20, email=new_email),  # duplicate
+            ev("E4", SUBJECT, "FROBNICATE", 21, phone=phone),  # quarantined with the key
+        ],
+        [
+            ev("E5", SUBJECT, "DELETE", 30),
+            ev("E6", SUBJECT, "UPDATE", 40, customer_name=name, city="Leeds"),
+            ev("E7", "C-8", "UPDATE", 41, city="York"),
+        ],
+    ]
+
+
+def lake_with_subject(root: Path, engine: str = "local", mode: str = "soft") -> Lake:
+    lake = Lake(root, mode=mode)
+    lake.config.pipeline.engine = engine  # type: ignore[assignment]
+    for records in subject_events():
+        lake.write(records)
+        lake.run()
+    return lake
+
+
+def write_config(lake: Lake) -> Path:
+    path = lake.root / "cdcflow.yaml"
+    path.write_text(yaml.safe_dump(lake.config.model_dump(mode="json", by_alias=True)))
+    return path
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("CDCFLOW", "PYTEST_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "cdcflow", *args],
+        cwd=REPO, env={**base, **(env or {})}, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+
+
+def files_holding(roots: list[Path], values: tuple[str, ...]) -> list[str]:
+    """Every file under ``roots`` whose content holds one of ``values``: Parquet files read
+    back as values (every column as text), gzip files decompressed, every other file (Delta
+    logs and checkpoints' JSON, the checkpoint's offsets) as bytes, JSON-escaped forms too."""
+    forms = {v for v in values} | {json.dumps(v)[1:-1] for v in values}
+    found = []
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            if "_snowflake_emulator" in path.parts:
+                continue
+            data = path.read_bytes()
+            if path.suffix == ".parquet":
+                table = pq.read_table(io.BytesIO(data))
+                text = "\n".join(
+                    str(v) for column in table.columns for v in column.to_pylist() if v is not None
+                )
+            else:
+                if path.suffix == ".gz":
+                    data = gzip.decompress(data)
+                text = data.decode("utf-8", errors="replace")
+            if any(form in text for form in forms):
+                found.append(str(path.relative_to(root)))
+    return found
+
+
+def lake_files(lake: Lake) -> list[Path]:
+    return [lake.root / "lake"]
+
+
+def others(lake: Lake) -> dict[str, Any]:
+    """Everything about other subjects: their Silver rows and history."""
+    return {
+        "silver": {k: r for k, r in lake.silver().items() if k != SUBJECT},
+        "history": lake.table("silver/customer_history")
+        .filter(pl.col("customer_id") != SUBJECT)
+        .sort("customer_id", "sequence")
+        .to_dicts(),
+    }
+
+
+def test_redact_text_keeps_the_structure() -> None:
+    raw = json.dumps({"email": "a@b.co", "note": "mail a@b.co", "after": {"phone": "+1-23"}})
+    assert json.loads(redact_text(raw, {"email", "phone"}, ["a@b.co"]) or "") == {
+        "email": None,
+        "note": "mail [erased]",
+        "after": {"phone": None},
+    }
+    assert redact_text('{"email": "a@b.co", broken', {"email"}, ["a@b.co"]) == (
+        '{"email": "[erased]", broken'
+    )
+
+
+def test_erase_leaves_no_trace_and_keeps_everything_else(tmp_path: Path) -> None:
+    lake = lake_with_subject(tmp_path)
+    config = write_config(lake)
+    before = others(lake)
+    assert files_holding(lake_files(lake), VALUES)  # the scan finds them before
+    assert lake.table("quarantine/customer_events").height == 2
+    refused = cli("erase", "--config", str(config), "--key", SUBJECT)
+    assert refused.returncode == 2 and "--yes" in refused.stderr, refused.stderr
+    dry = cli("erase", "--config", str(config), "--key", SUBJECT, "--dry-run", "--output", "json")
+    assert dry.returncode == 0, dry.stderr
+    planned = json.loads(dry.stdout)["rows"]
+    # 5 Bronze rows (E1, E3, its duplicate, E5, E6), 2 quarantined (BAD1 by its e-mail, E4)
+    assert planned["bronze/customer_events"] == 5
+    assert planned["quarantine/customer_events"] == 2
+    assert files_holding(lake_files(lake), VALUES)  # a dry run writes nothing
+    unverified = cli("erase", "--config", str(config), "--verify", "--key", SUBJECT)
+    assert unverified.returncode == 1 and "FAIL" in unverified.stdout
+
+    done = cli("erase", "--config", str(config), "--key", SUBJECT, "--yes", "--reason", "TICKET-1")
+    assert done.returncode == 0, done.stderr
+    assert files_holding(lake_files(lake), VALUES) == []
+    for value in VALUES:  # nor in what the command printed or logged
+        assert value not in done.stdout + done.stderr
+    # the subject stays, without personal data; everything else is as it was
+    row = lake.silver()[SUBJECT]
+    assert (row["customer_name"], row["email"], row["phone"]) == (None, None, None)
+    assert (row["city"], row["is_deleted"], row["last_event_id"]) == ("Leeds", False, "E6")
+    assert others(lake) == before
+    log = erasure_log(lake.config)
+    assert sorted(log["status"].to_list()) == ["completed", "requested"]
+    assert set(log["reason"]) == {"TICKET-1"} and SUBJECT not in log.write_csv()
+    verify = cli(
+        "erase", "--config", str(config), "--verify", "--key", SUBJECT,
+        *itertools.chain.from_iterable(("--value", v) for v in VALUES),
+    )  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "FAIL" not in verify.stdout and verify.stdout.count("PASS") >= 9
+    status = cli("erase", "--config", str(config), "--status", "--output", "json")
+    assert status.returncode == 0 and SUBJECT not in status.stdout
+    # replay from the redacted Bronze reproduces Silver; the pipeline goes on
+    replay = cli("replay", "--config", str(config), "--verify")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    lake.write([ev("E9", "C-8", "UPDATE", 50, city="Hull")])
+    lake.run()
+    assert lake.silver()["C-8"]["city"] == "Hull"
+
+
+def test_a_late_event_of_an_erased_subject_keeps_no_personal_data(tmp_path: Path) -> None:
+    lake = lake_with_subject(tmp_path)
+    erase(lake.config, "customers", [SUBJECT], confirmed=True)
+    # a late UPDATE (lower sequence) and a new one, both with personal data
+    lake.write(
+        [
+            ev("L1", SUBJECT, "UPDATE", 15, email="late.leak@example.com", city="Bath"),
+            ev("L2", SUBJECT, "UPDATE", 60, customer_name="Jane Again", phone="+44-123456"),
+        ]
+    )
+    lake.run()
+    leaked = ("late.leak@example.com", "Jane Again", "+44-123456")
+    assert files_holding(lake_files(lake), leaked) == []
+    row = lake.silver()[SUBJECT]
+    assert (row["customer_name"], row["email"], row["phone"]) == (None, None, None)
+    assert row["last_event_id"] == "L2"  # applied, with its personal data nulled
+    log = erasure_log(lake.config)
+    assert log.filter(pl.col("reason").str.starts_with("late event")).height == 2
+
+
+@pytest.mark.slow
+def test_erase_killed_at_every_step_finishes_when_run_again(tmp_path: Path) -> None:
+    """SIGKILL after each step; the re-run finishes the same request: no trace left, one
+    requested and one completed log row, each table's redaction committed once."""
+    template = lake_with_subject(tmp_path / "template")
+    for point in ERASURE_CRASH_POINTS:
+        root = tmp_path / point
+        shutil.copytree(template.root, root)
+        lake = Lake(root)
+        config = write_config(lake)
+        killed = cli(
+            "erase", "--config", str(config), "--key", SUBJECT, "--yes",
+            env={"CDCFLOW_CRASH_AT": point},
+        )  # fmt: skip
+        assert killed.returncode == -9, (point, killed.stderr[-2000:])
+        again = cli("erase", "--config", str(config), "--key", SUBJECT, "--yes")
+        assert again.returncode == 0, (point, again.stderr[-2000:])
+        assert files_holding([root / "lake"], VALUES) == [], point
+        log = erasure_log(lake.config)
+        assert sorted(log["status"].to_list()) == ["completed", "requested"], point
+        assert log["request_id"].n_unique() == 1, point
+        from deltalake import DeltaTable
+
+        app_id = f"cdcflow-erase-{log['request_id'][0]}"
+        for name in ("bronze/customer_events", "silver/customers", "silver/customer_history"):
+            assert DeltaTable(lake.config.table_uri(name)).transaction_version(app_id) == 1
+        assert cli("replay", "--config", str(config), "--verify").returncode == 0, point
+
+
+def test_snowflake_rows_are_redacted_in_the_same_run(
+    tmp_path: Path, emulator: dict[str, Any]
+) -> None:
+    lake = Lake(tmp_path)
+    lake.config.snowflake = SnowflakeSection(
+        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:",
+        mode="inline",
+    )  # fmt: skip
+    for records in subject_events():
+        lake.write(records)
+        lake.run()
+    from cdcflow.layers.erasure import verify_erasure
+    from cdcflow.sinks.snowflake.connection import connect
+
+    def dim_row() -> tuple[Any, ...]:
+        with connect(lake.config) as conn:
+            cur = conn.cursor()
+            cur.execute(
+                "SELECT customer_name, email, phone, city FROM DIM_CUSTOMER_CURRENT "
+                "WHERE customer_id = %s",
+                (SUBJECT,),
+            )
+            (row,) = cur.fetchall()
+            return tuple(row)
+
+    assert dim_row()[:3] == (VALUES[0], VALUES[3], VALUES[2])
+    report = erase(lake.config, "customers", [SUBJECT], confirmed=True)
+    assert report.snowflake == "synced"
+    assert dim_row() == (None, None, None, "Leeds")
+    checks = verify_erasure(lake.config, "customers", [SUBJECT], VALUES)
+    assert all(c.ok for c in checks), [vars(c) for c in checks if not c.ok]
+    assert any(c.what.startswith("Snowflake DIM_CUSTOMER_CURRENT") for c in checks)
+
+
+@pytest.mark.spark
+def test_erase_on_the_spark_engine(spark: Any, tmp_path: Path) -> None:
+    """Tables written by the Spark engine are erased the same way; Spark continues them, and a
+    late event it applies is erased again after its commit."""
+    lake = lake_with_subject(tmp_path, engine="spark")
+    before = others(lake)
+    erase(lake.config, "customers", [SUBJECT], confirmed=True)
+    assert files_holding(lake_files(lake), VALUES) == []
+    assert others(lake) == before
+    lake.write([ev("L1", SUBJECT, "UPDATE", 60, email="spark.leak@example.com")])
+    lake.run()
+    assert files_holding(lake_files(lake), ("spark.leak@example.com",)) == []
+    row = lake.silver()[SUBJECT]
+    assert row["email"] is None and row["last_event_id"] == "L1"
