@@ -19,8 +19,9 @@ quarantine                 the rows of the key and every row whose raw line hold
 Silver, history            PII columns set to null
 outcomes, tombstones       nothing to do: they hold keys, sequences and times only
 Gold                       recomputed from the redacted history (the shipped customers tables)
-Snowflake                  synced in the same run (``snowflake.mode`` not ``off``): the redacted
-                           Silver rows reach the Snowflake table as updates
+Snowflake                  synced in the same run (``snowflake.mode`` not ``off``, or a sync has
+                           run before): the redacted Silver rows reach the Snowflake table as
+                           updates
 =========================  =====================================================================
 
 Every table the erasure changed is then vacuumed with a retention of zero (``full`` mode: the
@@ -566,6 +567,16 @@ def _duration(value: Any) -> str:
     return f"{seconds}s"
 
 
+def snowflake_synced(config: CdcflowConfig) -> bool:
+    """True when Silver reaches Snowflake: ``snowflake.mode`` is ``inline`` or ``standalone``,
+    or a sync has run (``audit/snowflake_sync`` has rows: e.g. ``cdcflow sync snowflake`` by
+    hand, or the demo's step)."""
+    if config.snowflake.mode != "off":
+        return True
+    table = _open(config, "audit/snowflake_sync")
+    return table is not None and _scan(table).select(pl.len()).collect().item() > 0
+
+
 # ------------------------------------------------------------------ the command
 def erase(
     config: CdcflowConfig,
@@ -652,7 +663,7 @@ def erase(
         refresh_gold(config)
         touched += [spec.name for spec in GOLD_TABLES]
     crash_point("erase_after_gold", 0)
-    if config.snowflake.mode != "off":
+    if snowflake_synced(config):
         step("syncing Snowflake")
         from cdcflow.sinks.snowflake.sync import sync_snowflake
 
@@ -907,7 +918,7 @@ def verify_erasure(
                 ", ".join(found[:10]),
             )
         )
-    if config.snowflake.mode != "off":
+    if snowflake_synced(config):
         checks.append(_snowflake_check(config, contract, subjects, pii))
     return checks
 
