@@ -279,3 +279,40 @@ def test_erase_on_the_spark_engine(spark: Any, tmp_path: Path) -> None:
     assert files_holding(lake_files(lake), ("spark.leak@example.com",)) == []
     row = lake.silver()[SUBJECT]
     assert row["email"] is None and row["last_event_id"] == "L1"
+
+
+def test_a_declared_table_with_an_integer_key(tmp_path: Path) -> None:
+    """A declared table (``accounts``: integer key, ``owner`` marked pii): the subject's owner
+    is gone from Bronze (column and raw payload), history and Silver; the other account and
+    the other table are untouched; the key given as text matches the integer key."""
+    from tests.test_tables_pipeline import rec, write_config, write_files
+    from tests.test_tables_pipeline import rows as table_rows
+
+    config = write_config(tmp_path, mode="soft")
+    opened = {"balance": "1.00", "opened_on": "2024-01-01"}
+    write_files(
+        config,
+        [
+            [json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=7, owner="Ann Secret",
+                            **opened)),
+             json.dumps(rec("accounts", "A2", "INSERT", 11, account_id=8, owner="Bob Kept",
+                            **opened))],
+            [json.dumps(rec("accounts", "A3", "UPDATE", 20, account_id=7, owner="Ann Q. Secret")),
+             json.dumps(rec("order_lines", "L1", "INSERT", 21, order_id="O-1", line_no=1,
+                            sku="ABC-1", quantity=1))],
+        ],
+    )  # fmt: skip
+    from cdcflow.pipeline import Pipeline, Trigger
+
+    Pipeline(config).run(Trigger.parse("available-now"))
+    before_lines = table_rows(config, "silver/order_lines")
+    report = erase(config, "accounts", ["7"], confirmed=True)
+    assert report.rows["bronze/accounts_events"] == 2
+    assert files_holding([tmp_path / "lake"], ("Ann Secret", "Ann Q. Secret")) == []
+    owners = {r["account_id"]: r["owner"] for r in table_rows(config, "silver/accounts")}
+    assert owners == {7: None, 8: "Bob Kept"}
+    assert table_rows(config, "silver/order_lines") == before_lines
+    with pytest.raises(Exception, match="no such table"):
+        erase(config, "invoices", ["1"], confirmed=True)
+    with pytest.raises(Exception, match="marks no column pii"):
+        erase(config, "order_lines", ['["O-1", 1]'], confirmed=True)
