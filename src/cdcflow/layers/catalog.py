@@ -61,6 +61,12 @@ METADATA_COLUMNS = {
     "is_late": "older than processing.late_event_threshold",
     "lag_s": "processing time - event time, seconds",
     "tombstoned_at": "processing time of the DELETE's micro-batch (UTC)",
+    "request_id": "the erasure request",
+    "subject_hash": "HMAC-SHA256 of the subject's key (docs/erasure.md), never the key",
+    "requested_at": "when the erasure was requested (UTC)",
+    "completed_at": "when the erasure completed (UTC); null while requested",
+    "rows_redacted": "JSON: Delta table -> rows redacted",
+    "versions": "JSON: Delta table -> version the erasure wrote (time travel starts there)",
 }
 
 #: Per kind of table: (layer, grain, update cadence).
@@ -79,6 +85,11 @@ KINDS = {
     "unrouted": ("quarantine", "one row per record no table's routing matched", "micro-batch"),
     "gold": ("gold", "see docs/history_and_gold.md", "every gold.refresh_every_batches"),
     "snowflake_sync": ("audit", "one row per Snowflake table and sync", "each Snowflake sync"),
+    "erasure_log": (
+        "audit",
+        "one row per data subject, erasure request and status (docs/erasure.md)",
+        "each cdcflow erase (and a late event of an erased subject)",
+    ),
     "snowflake": ("snowflake", "one row per key (Silver's current state)", "each Snowflake sync"),
 }
 
@@ -188,6 +199,9 @@ def build_catalog(config: CdcflowConfig) -> list[Entry]:
         for spec in GOLD_TABLES:
             add(spec, "gold", None, [], [HISTORY.name], [])
     add(TableSpec(SYNC_LOG_TABLE, SYNC_LOG_SCHEMA), "snowflake_sync", None, [], [], [])
+    from cdcflow.layers.erasure import ERASURE_LOG
+
+    add(ERASURE_LOG, "erasure_log", None, ["request_id", "subject_hash", "status"], [], [])
     if config.snowflake.mode != "off":
         snow = config.snowflake
         for contract in config.contracts():
