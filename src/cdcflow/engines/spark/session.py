@@ -233,6 +233,14 @@ def get_session(settings: SparkSection, storage: StorageSection | None = None) -
         ),
         "spark.pyspark.python": sys.executable,
         **store,
+        # the S3A jars on the driver's own classpath too: Hadoop's FileContext (Spark's
+        # streaming checkpoint) resolves its AbstractFileSystem class through the classloader
+        # of a Configuration that may predate the session's added jars
+        **(
+            {"spark.driver.extraClassPath": os.pathsep.join(s3a_jars(settings.jars_dir))}
+            if store
+            else {}
+        ),
         "spark.pyspark.driver.python": sys.executable,
         **settings.conf,
         JAVA_OPTIONS: java_options(settings.conf.get(JAVA_OPTIONS)),
