@@ -146,8 +146,9 @@ def test_erase_leaves_no_trace_and_keeps_everything_else(tmp_path: Path) -> None
     dry = cli("erase", "--config", str(config), "--key", SUBJECT, "--dry-run", "--output", "json")
     assert dry.returncode == 0, dry.stderr
     planned = json.loads(dry.stdout)["rows"]
-    # 5 Bronze rows (E1, E3, its duplicate, E5, E6), 2 quarantined (BAD1 by its e-mail, E4)
-    assert planned["bronze/customer_events"] == 5
+    # 4 Bronze rows hold PII (E1, E3, its duplicate, E6; not the DELETE E5), 2 quarantined
+    # (BAD1 by its e-mail, E4)
+    assert planned["bronze/customer_events"] == 4
     assert planned["quarantine/customer_events"] == 2
     assert files_holding(lake_files(lake), VALUES)  # a dry run writes nothing
     unverified = cli("erase", "--config", str(config), "--verify", "--key", SUBJECT)
@@ -316,3 +317,101 @@ def test_a_declared_table_with_an_integer_key(tmp_path: Path) -> None:
         erase(config, "invoices", ["1"], confirmed=True)
     with pytest.raises(Exception, match="marks no column pii"):
         erase(config, "order_lines", ['["O-1", 1]'], confirmed=True)
+
+
+def test_usage_errors_and_keys_no_layer_holds(tmp_path: Path) -> None:
+    """No key, an empty key, ``--verify`` without a key: usage errors (exit 2); keys no layer
+    holds: nothing written; a reason holding personal data or the key: refused."""
+    lake = lake_with_subject(tmp_path)
+    config = str(write_config(lake))
+    for args in (
+        ("--yes",),
+        ("--key", " ", "--yes"),
+        ("--verify",),
+        ("--verify", "--value", VALUES[1]),
+    ):
+        done = cli("erase", "--config", config, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "--key" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    unknown = cli("erase", "--config", config, "--key", "C-404", "--yes")
+    assert unknown.returncode == 2 and "nothing written" in unknown.stderr, unknown.stderr
+    assert erasure_log(lake.config).is_empty()
+    for reason in (f"asked by {VALUES[1].upper()}", "call +44 7700 900", f"ticket for {SUBJECT}"):
+        refused = cli("erase", "--config", config, "--key", SUBJECT, "--yes", "--reason", reason)
+        assert refused.returncode == 2 and "--reason" in refused.stderr, refused.stderr
+        assert VALUES[1] not in refused.stderr.lower()
+    assert erasure_log(lake.config).is_empty()
+    assert files_holding(lake_files(lake), VALUES)  # nothing was erased
+    # one key held, one not: the held one is erased, the other left out (not logged)
+    both = cli("erase", "--config", config, "--key", SUBJECT, "--key", "C-404", "--yes",
+               "--wait", "5s", "--output", "json")  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    assert json.loads(both.stdout)["unknown"] == 1
+    assert erasure_log(lake.config).height == 2  # requested + completed, one subject
+    assert files_holding(lake_files(lake), VALUES) == []
+
+
+def test_what_arrives_after_or_beside_an_erasure(tmp_path: Path) -> None:
+    """A late record of an erased subject that is quarantined (a bad operation, a broken line
+    naming the key) keeps no personal data; a replay's shadow Silver is erased too; an e-mail
+    a source put in a column not marked pii stays in both the column and the raw payload, so
+    replay still verifies; the HTML report still renders after the vacuum."""
+    lake = lake_with_subject(tmp_path)
+    config = str(write_config(lake))
+    lake.write([ev("E8", SUBJECT, "UPDATE", 45, city=VALUES[1])])  # an e-mail in city
+    lake.run()
+    rebuilt = cli("replay", "--config", config, "--verify")
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    shadow = tmp_path / "lake" / "_shadow"
+    assert files_holding([shadow], (VALUES[0],))  # the shadow holds the subject's name
+    erase(lake.config, "customers", [SUBJECT], confirmed=True, reason="TICKET-2")
+    assert files_holding([shadow], VALUES[:1] + VALUES[2:]) == []
+    assert lake.silver()[SUBJECT]["city"] == VALUES[1]  # not a pii column: kept
+    replay = cli("replay", "--config", config, "--verify")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    report = cli("report", "--config", config, "--out", str(tmp_path / "report.html"))
+    assert report.returncode == 0, report.stderr
+    older = cli("as-of", "--config", config, "--version", "1")
+    assert older.returncode == 2 and "time travel starts at version" in older.stderr, older.stderr
+    late = ("late.bad@example.com", "broken.late@example.com")
+    lake.write(
+        [
+            ev("L1", SUBJECT, "FROBNICATE", 70, email=late[0]),
+            f'{{"event_id": "L2", "customer_id": "{SUBJECT}", "email": "{late[1]}", broken',
+        ]
+    )
+    lake.run()
+    table = lake.table("quarantine/customer_events")
+    quarantined = table.filter(pl.col("batch_id") == table["batch_id"].max())
+    assert quarantined.height == 2
+    # the broken line (no key column was read from it) is replaced whole
+    assert "[erased]" in quarantined["raw_line"].to_list()
+    assert files_holding(lake_files(lake), late) == []
+    log = erasure_log(lake.config)
+    assert log.filter(pl.col("reason").str.starts_with("late event")).height == 2
+
+
+def test_a_late_event_during_an_unfinished_erasure(tmp_path: Path) -> None:
+    """The erasure is killed after Bronze; a micro-batch then brings the subject's new data:
+    the batch finishes the unfinished request (same id and reason), the new values included;
+    the re-run of the command writes nothing more."""
+    lake = lake_with_subject(tmp_path)
+    config = str(write_config(lake))
+    killed = cli("erase", "--config", config, "--key", SUBJECT, "--yes", "--reason", "TICKET-3",
+                 env={"CDCFLOW_CRASH_AT": "erase_after_bronze"})  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    new = ("Jane Meanwhile", "meanwhile@example.com")
+    lake.write([ev("M1", SUBJECT, "UPDATE", 80, customer_name=new[0], email=new[1])])
+    lake.run()
+    assert files_holding(lake_files(lake), VALUES + new) == []
+    log = erasure_log(lake.config)
+    assert log["request_id"].n_unique() == 1 and set(log["reason"]) == {"TICKET-3"}
+    assert sorted(log["status"].to_list()) == ["completed", "requested"]
+    from deltalake import DeltaTable
+
+    bronze = DeltaTable(lake.config.table_uri("bronze/customer_events"))
+    version = bronze.version()
+    again = cli("erase", "--config", config, "--key", SUBJECT, "--yes", "--output", "json")
+    assert again.returncode == 0, again.stderr
+    assert set(json.loads(again.stdout)["rows"].values()) == {0}
+    assert DeltaTable(lake.config.table_uri("bronze/customer_events")).version() >= version

@@ -58,6 +58,13 @@ def erase(
         typer.Option("--value", help="--verify: a value of the subject's data to search for"),
     ] = None,
     output: Annotated[str, typer.Option(help="text | json")] = "text",
+    wait: Annotated[
+        str,
+        typer.Option(
+            help="How long to wait for a running pipeline to release the checkpoint lock "
+            "(e.g. 10m; 0: fail at once)."
+        ),
+    ] = "0",
 ) -> None:
     """Erase the personal data (the columns a contract marks pii) of data subjects from Bronze,
     quarantine, Silver, history and Gold, vacuum those tables (their time travel ends there),
@@ -65,11 +72,16 @@ def erase(
     (docs/erasure.md)."""
     from cdcflow.cli.app import console, load
     from cdcflow.cli.progress import working
+    from cdcflow.config import parse_duration
     from cdcflow.errors import ConfigError
     from cdcflow.layers import erasure as er
 
     if output not in ("text", "json"):
         raise ConfigError(f"--output: expected text or json, got {output!r}")
+    try:
+        patience = parse_duration(wait)
+    except ValueError as exc:
+        raise ConfigError(f"--wait: {exc}") from None
     cfg = load(config, declared_tables=True)
     names = [c.name for c in cfg.contracts()]
     name = table or ("customers" if "customers" in names or len(names) != 1 else names[0])
@@ -98,6 +110,11 @@ def erase(
         except OSError as exc:
             raise ConfigError(f"--from-file: cannot read {from_file} ({exc.strerror})") from None
         keys += [line.strip() for line in text.splitlines() if line.strip()]
+    if any(not k.strip() for k in keys):
+        raise ConfigError("--key: an empty key")
+    if not keys:
+        what = "--verify" if verify else "erase"
+        raise ConfigError(f"{what}: give the subjects with --key or --from-file")
     if verify:
         checks = er.verify_erasure(cfg, name, keys, list(value or []))
         if output == "json":
@@ -113,7 +130,7 @@ def erase(
     from cdcflow.engines.local.maintenance import checkpoint_lock
     from cdcflow.state.checkpoint import Checkpoint
 
-    with checkpoint_lock(Checkpoint.of(cfg)), working("erase") as work:
+    with checkpoint_lock(Checkpoint.of(cfg), wait=patience), working("erase") as work:
         report = er.erase(
             cfg, name, keys, reason=reason, dry_run=dry_run, confirmed=yes,
             on_step=lambda step: work.update(detail=step),
@@ -138,7 +155,8 @@ def erase(
     if not dry_run:
         console.print(
             f"{report.subjects} subject(s) erased from {name}; Snowflake: {report.snowflake}. "
-            "Time travel of these tables now starts at the versions above.",
+            "Time travel of these tables now starts at the versions above."
+            + (f" {report.unknown} key(s) held by no layer: left out." if report.unknown else ""),
             markup=False,
             highlight=False,
         )

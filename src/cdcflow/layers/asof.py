@@ -19,7 +19,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import scan_table
-from cdcflow.errors import TableError
+from cdcflow.errors import CdcflowError, TableError
 from cdcflow.layers.tables import HISTORY, SILVER
 from cdcflow.model.contracts import TableContract
 from cdcflow.plan.reference import SILVER_COLUMNS
@@ -31,9 +31,37 @@ def _open(config: CdcflowConfig, name: str, version: int | None = None) -> Delta
             config.table_uri(name), version=version, storage_options=config.storage.options or None
         )
     except TableNotFoundError as exc:
+        if version is not None and DeltaTable.is_deltatable(
+            config.table_uri(name), storage_options=config.storage.options or None
+        ):  # the table is there, not that version (its log entry is gone)
+            raise TableError(_unreadable(config, name, version, exc)) from exc
         raise TableError(f"{name}: table not found under {config.storage.root}") from exc
     except DeltaError as exc:
-        raise TableError(f"{name}: cannot read version {version} ({exc})") from exc
+        raise TableError(_unreadable(config, name, version, exc)) from exc
+
+
+def _unreadable(config: CdcflowConfig, name: str, version: int | None, exc: Exception) -> str:
+    """Why ``version`` of ``name`` cannot be read: before the earliest version its Delta log
+    still holds (a vacuum ended time travel there: ``optimize``, ``cdcflow erase``), after the
+    latest, or the error itself."""
+    from cdcflow.state.storage import open_storage
+
+    if version is not None:
+        try:
+            log_store = open_storage(f"{config.table_uri(name)}/_delta_log", config.storage.options)
+            commits = [int(n.split(".")[0]) for n in log_store.names()
+                       if n.endswith(".json") and n.split(".")[0].isdigit()]  # fmt: skip
+        except (OSError, CdcflowError):
+            commits = []
+        if commits and version < min(commits):
+            return (
+                f"{name}: version {version} can no longer be read: time travel starts at "
+                f"version {min(commits)} (earlier versions were vacuumed, e.g. by cdcflow erase "
+                "or optimize)"
+            )
+        if commits and version > max(commits):
+            return f"{name}: no version {version} (the latest is {max(commits)})"
+    return f"{name}: cannot read version {version} ({exc})"
 
 
 def _customer_filter(frame: pl.LazyFrame, customer_id: str | None) -> pl.LazyFrame:
@@ -83,7 +111,7 @@ def silver_at_version(
         frame = _customer_filter(scan_table(table), customer_id)
         return frame.select(SILVER_COLUMNS).sort("customer_id").collect()
     except (DeltaError, OSError, pl.exceptions.ComputeError) as exc:
-        raise TableError(f"{SILVER.name}: cannot read version {version} ({exc})") from exc
+        raise TableError(_unreadable(config, SILVER.name, version, exc)) from exc
 
 
 def _key_filter(frame: pl.LazyFrame, key: dict[str, Any] | None) -> pl.LazyFrame:
@@ -149,7 +177,7 @@ def table_at_version(
         ]
         return frame.select(columns).sort(list(contract.keys)).collect()
     except (DeltaError, OSError, pl.exceptions.ComputeError) as exc:
-        raise TableError(f"{name}: cannot read version {version} ({exc})") from exc
+        raise TableError(_unreadable(config, name, version, exc)) from exc
 
 
 __all__ = ["customer_state_as_of", "silver_at_version", "table_at_version", "table_state_as_of"]

@@ -10,13 +10,19 @@ layer                      what happens to the subject's rows
 =========================  =====================================================================
 Bronze                     PII columns set to null; ``raw_payload``: every field named like a PII
                            column set to null (at any depth: flat, Debezium ``before``/``after``,
-                           DMS ``data``), every other occurrence of a PII value replaced by
-                           :data:`REDACTED`. ``content_hash`` is kept, so a redelivery of an
-                           erased event stays a duplicate.
-quarantine                 the rows of the key and every row whose raw line holds one of the
-                           subject's PII values: ``raw_line`` and ``failure_detail`` redacted
-                           the same way
+                           DMS ``data``); other fields are kept as they are, so that a replay
+                           from Bronze reproduces Silver (a PII value a source put in a column
+                           the contract does not mark ``pii`` stays: mark that column).
+                           ``content_hash`` is kept, so a redelivery of an erased event stays a
+                           duplicate.
+quarantine                 the rows of the key (its key columns, or a raw line holding
+                           ``"<key column>": <value>``) and every row whose raw line holds one of
+                           the subject's PII values: in ``raw_line`` (JSON) the PII fields set to
+                           null and every PII value replaced by :data:`REDACTED`; a subject's raw
+                           line that is not JSON is replaced whole by :data:`REDACTED`;
+                           ``failure_detail`` has the values replaced
 Silver, history            PII columns set to null
+replay shadows             ``_shadow/<silver>`` (``cdcflow replay``'s rebuild) as Silver
 outcomes, tombstones       nothing to do: they hold keys, sequences and times only
 Gold                       recomputed from the redacted history (the shipped customers tables)
 Snowflake                  synced in the same run (``snowflake.mode`` not ``off``, or a sync has
@@ -29,10 +35,16 @@ Change Data Feed's files too) and its Delta log truncated at a new checkpoint: t
 the log entries (their column statistics carry min/max values) of earlier versions are gone,
 and time travel to them ends there.
 
-Exactly-once: each table's redaction is one MERGE carrying the app transaction
-``cdcflow-erase-<request id>``; a re-run of the same request (same table and subjects, not yet
-completed in ``audit/erasure_log``) skips the tables that hold it and finishes the rest. Every
-step is a crash point (:data:`ERASURE_CRASH_POINTS`).
+Exactly-once: each table's redaction is one MERGE, carrying the app transaction
+``cdcflow-erase-<request id>``, of exactly the rows the redaction changes: a table already
+redacted has none, so a re-run writes nothing to it. A re-run of an unfinished request (same
+table and subjects, not completed in ``audit/erasure_log``) finishes it under its id, reason
+and request time, and also redacts what arrived meanwhile. Every step is a crash point
+(:data:`ERASURE_CRASH_POINTS`).
+
+Keys no layer holds are left out (``ErasureReport.unknown``); when no key is held, nothing is
+written (:class:`ErasureError`). The ``--reason`` is refused when it holds the key, one of the
+subject's values, an e-mail address or a phone number: the log holds no personal data.
 
 Subjects are recorded in ``audit/erasure_log`` by a keyed hash (HMAC-SHA256) of the key, never
 by the key or any value: the key of the hash comes from ``$CDCFLOW_ERASURE_KEY``, else from the
@@ -52,6 +64,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -79,6 +92,8 @@ REDACTED = "[erased]"
 KEY_ENV = "CDCFLOW_ERASURE_KEY"
 #: Shortest PII value searched for inside texts (shorter ones would match everywhere).
 MIN_VALUE_LENGTH = 3
+#: Folder of a replay's rebuilt tables (:mod:`cdcflow.engines.local.replay`).
+SHADOW_PREFIX = "_shadow"
 #: The steps of an erasure, each followed by a crash point ``erase_after_<step>``.
 ERASURE_CRASH_POINTS = (
     "erase_after_log",
@@ -137,6 +152,7 @@ class ErasureReport:
         snowflake: ``synced``, ``off`` (no sync configured) or ``dry-run``.
         dry_run: nothing was written.
         resumed: an unfinished request with the same subjects was finished.
+        unknown: given keys no layer holds (left out, not logged).
     """
 
     request_id: str
@@ -148,6 +164,7 @@ class ErasureReport:
     snowflake: str = "off"
     dry_run: bool = False
     resumed: bool = False
+    unknown: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -194,6 +211,8 @@ def parse_key(text: str, contract: TableContract) -> tuple[str, ...]:
     Raises:
         ErasureError: not as many values as the table has key columns.
     """
+    if not text.strip():
+        raise ErasureError("--key: an empty key")
     if len(contract.keys) == 1:
         return (text.strip(),)
     try:
@@ -205,7 +224,10 @@ def parse_key(text: str, contract: TableContract) -> tuple[str, ...]:
             f"--key {text!r}: table {contract.name} has the key ({', '.join(contract.keys)}): "
             "give its values as a JSON array or separated by commas"
         )
-    return tuple(str(v).strip() for v in values)
+    key = tuple(str(v).strip() for v in values)
+    if not all(key):
+        raise ErasureError(f"--key: table {contract.name}: a key value is empty")
+    return key
 
 
 def find_contract(config: CdcflowConfig, table: str) -> TableContract:
@@ -246,16 +268,20 @@ def _redact_plain(text: str, values: Sequence[str]) -> str:
     return text
 
 
-def redact_text(text: str | None, names: set[str], values: Sequence[str]) -> str | None:
+def redact_text(
+    text: str | None, names: set[str], values: Sequence[str], elsewhere: bool = True
+) -> str | None:
     """``text`` without personal data: a JSON text with every field named in ``names`` set to
-    null (at any depth) and every occurrence of one of ``values`` inside its strings replaced
-    by :data:`REDACTED`, written back compactly; any other text with those occurrences replaced
-    (also inside JSON-escaped strings).
+    null (at any depth) and, with ``elsewhere``, every occurrence of one of ``values`` inside
+    its other strings replaced by :data:`REDACTED`, written back compactly; any other text with
+    those occurrences replaced (also inside JSON-escaped strings).
 
     Args:
         text: a raw payload, raw line or failure detail (None stays None).
         names: the contract's PII column names.
         values: the subject's PII values (longest first).
+        elsewhere: also replace the values inside a JSON text's other fields (False for
+            Bronze's raw payload, whose non-PII fields must stay as the columns hold them).
     """
     if text is None:
         return None
@@ -264,7 +290,8 @@ def redact_text(text: str | None, names: set[str], values: Sequence[str]) -> str
     except ValueError:
         parsed = None
     if isinstance(parsed, dict | list):
-        return json.dumps(_redact_json(parsed, names, values), ensure_ascii=False)
+        kept = values if elsewhere else ()
+        return json.dumps(_redact_json(parsed, names, kept), ensure_ascii=False)
     escaped = [json.dumps(v, ensure_ascii=False)[1:-1] for v in values]
     return _redact_plain(_redact_plain(text, values), escaped)
 
@@ -303,6 +330,8 @@ def _layers(contract: TableContract) -> list[_Layer]:
         ),
         _Layer(names.history, "history", (*keys, "sequence", "event_id"), pii, ()),
         _Layer(names.silver, "silver", keys, pii, ()),
+        # a replay's rebuilt Silver (cdcflow replay), when one is left
+        _Layer(f"{SHADOW_PREFIX}/{names.silver}", "shadow", keys, pii, ()),
     ]
 
 
@@ -338,6 +367,102 @@ def _key_filter(
             one = one & (pl.col(column).cast(pl.String).str.strip_chars() == value)
         expr = expr | one
     return expr
+
+
+def _raw_key_filter(
+    contract: TableContract, subjects: Sequence[Subject], column: str = "raw_line"
+) -> pl.Expr:
+    """Rows whose text ``column`` holds ``"<key column>": <value>`` (quoted or not) for every
+    key column of one of the subjects: a quarantined line of the subject, parsed or not."""
+    expr = pl.lit(False)
+    for subject in subjects:
+        one = pl.lit(True)
+        for name, value in zip(contract.keys, subject.key, strict=True):
+            pattern = (
+                f'"{pl.escape_regex(name)}"' + r'\s*:\s*"?' + pl.escape_regex(value)
+                + r'"?\s*([,}\]]|$)'
+            )  # fmt: skip
+            one = one & pl.col(column).str.contains(pattern)
+        expr = expr | one
+    return expr
+
+
+def _raw_keys(text: str, contract: TableContract) -> list[tuple[str, ...]]:
+    """The keys a raw line names: every JSON object (at any depth) holding all key columns, or
+    for a line that is not JSON the first ``"<key column>": <value>`` of each key column."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if all(k in value and value[k] is not None for k in contract.keys):
+                found.append(tuple(str(value[k]).strip() for k in contract.keys))
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    parsed = _loads(text)
+    if parsed is not None:
+        walk(parsed)
+        return found
+    parts = []
+    for name in contract.keys:
+        match = re.search(rf'"{re.escape(name)}"\s*:\s*"?([^",}}\]\s]+)', text)
+        if match is None:
+            return []
+        parts.append(match.group(1).strip())
+    return [tuple(parts)]
+
+
+def _present(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
+) -> set[tuple[str, ...]]:
+    """The subjects' keys some layer holds (a row with the key, or a quarantined raw line
+    naming it)."""
+    wanted = {s.key for s in subjects}
+    held: set[tuple[str, ...]] = set()
+    for layer in _layers(contract):
+        table = _open(config, layer.name)
+        if table is None:
+            continue
+        scan = _scan(table)
+        columns = scan.collect_schema().names()
+        if all(k in columns for k in contract.keys):
+            keys = (
+                scan.filter(_key_filter(contract, subjects, columns))
+                .select(pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys)
+                .unique()
+                .collect()
+            )
+            held.update(keys.iter_rows())
+        if layer.kind == "quarantine":
+            lines = scan.filter(_raw_key_filter(contract, subjects)).select("raw_line").collect()
+            for text in lines["raw_line"].to_list():
+                held.update(k for k in _raw_keys(text, contract) if k in wanted)
+    return held & wanted
+
+
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+_PHONE = re.compile(r"\+\d[\d ().-]{5,}\d")
+
+
+def _check_reason(reason: str, subjects: Sequence[Subject], values: Sequence[str]) -> None:
+    """Refuse a ``--reason`` holding personal data: a subject's key or PII value, an e-mail
+    address or a phone number (``+`` and digits).
+
+    Raises:
+        ErasureError: names what the reason looks like, never the value.
+    """
+    folded = reason.casefold()
+    if any(v.casefold() in folded for v in values) or any(
+        part.casefold() in folded for s in subjects for part in s.key if len(part) >= 3
+    ):
+        raise ErasureError("--reason: holds a subject's key or personal data; give a ticket id")
+    if _EMAIL.search(reason) or _PHONE.search(reason):
+        raise ErasureError(
+            "--reason: looks like an e-mail address or a phone number; give a ticket id"
+        )
 
 
 def _pii_values(
@@ -393,16 +518,21 @@ def _matching_rows(
     subjects: Sequence[Subject],
     values: Sequence[str],
 ) -> pl.DataFrame:
+    """The table's rows to redact: those of the subjects (and, in quarantine, every row whose
+    texts hold one of ``values``; its column ``_subject`` tells the subjects' own rows)."""
     scan = _scan(table)
     columns = scan.collect_schema().names()
     match = _key_filter(contract, subjects, columns)
-    if layer.kind == "quarantine" and values:
-        match = match | pl.col("raw_line").str.contains_any(list(values))
-        match = match | pl.col("failure_detail").str.contains_any(list(values))
+    if layer.kind == "quarantine":
+        scan = scan.with_columns((match | _raw_key_filter(contract, subjects)).alias("_subject"))
+        match = pl.col("_subject")
+        if values:
+            match = match | pl.col("raw_line").str.contains_any(list(values))
+            match = match | pl.col("failure_detail").str.contains_any(list(values))
     rows = scan.filter(match).collect()
     if layer.kind in ("quarantine", "bronze"):
         return rows
-    # Silver and history: only rows that still hold a value to null
+    # Silver, history, shadow: only rows that still hold a value to null
     nulled = [c for c in layer.nulled if c in rows.columns]
     if not nulled:
         return rows.clear()
@@ -412,14 +542,30 @@ def _matching_rows(
 def _redacted(
     rows: pl.DataFrame, layer: _Layer, pii: set[str], values: Sequence[str]
 ) -> pl.DataFrame:
+    """``rows`` redacted (see the module docstring), only the rows the redaction changes."""
     out = rows.with_columns(
         pl.lit(None, dtype=rows.schema[c]).alias(c) for c in layer.nulled if c in rows.columns
     )
+    mine = out["_subject"].to_list() if "_subject" in out.columns else [False] * out.height
     for column in layer.texts:
-        if column in out.columns:
-            redacted = [redact_text(t, pii, values) for t in out[column].to_list()]
-            out = out.with_columns(pl.Series(column, redacted, dtype=pl.String))
-    return out
+        if column not in out.columns:
+            continue
+        redacted = []
+        for text, subject in zip(out[column].to_list(), mine, strict=True):
+            if layer.kind == "bronze":
+                redacted.append(redact_text(text, pii, values, elsewhere=False))
+            elif column == "raw_line" and subject and text and _loads(text) is None:
+                redacted.append(REDACTED)  # the subject's line, not JSON: what is PII is unknown
+            else:
+                redacted.append(redact_text(text, pii, values))
+        out = out.with_columns(pl.Series(column, redacted, dtype=pl.String))
+    changed = [c for c in (*layer.nulled, *layer.texts) if c in out.columns]
+    if not changed or out.is_empty():
+        return out.clear()
+    differs = rows[changed[0]].ne_missing(out[changed[0]])
+    for column in changed[1:]:
+        differs = differs | rows[column].ne_missing(out[column])
+    return out.filter(differs)
 
 
 def _quote(name: str) -> str:
@@ -472,11 +618,20 @@ def erased_hashes(config: CdcflowConfig, table: str) -> set[str]:
     return set(rows.filter(pl.col("table_name") == table)["subject_hash"].to_list())
 
 
+@dataclass(frozen=True)
+class _Request:
+    """An erasure request: a new one, or an unfinished one resumed (its reason and time)."""
+
+    id: str
+    resumed: bool
+    reason: str
+    requested_at: datetime
+
+
 def _request(
-    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
-) -> tuple[str, bool]:
-    """(request id, resumed): an unfinished request of exactly these subjects is resumed;
-    otherwise a new id."""
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject], reason: str
+) -> _Request:
+    """An unfinished request of exactly these subjects, resumed; otherwise a new one."""
     rows = erasure_log(config).filter(pl.col("table_name") == contract.name)
     wanted = sorted(s.hash for s in subjects)
     for request_id, group in rows.group_by("request_id"):
@@ -484,8 +639,9 @@ def _request(
             sorted(group["subject_hash"].to_list()) == wanted
             and (group["status"] != "completed").all()
         ):
-            return str(request_id[0]), True
-    return uuid.uuid4().hex[:16], False
+            first = group.row(0, named=True)
+            return _Request(str(request_id[0]), True, first["reason"], first["requested_at"])
+    return _Request(uuid.uuid4().hex[:16], False, reason, datetime.now(UTC))
 
 
 def _append_log(
@@ -612,27 +768,39 @@ def erase(
     if not keys:
         raise ErasureError("give at least one --key (or --from-file)")
     secret = erasure_key(config)
-    subjects = sorted(
+    given = sorted(
         {Subject(k, subject_hash(k, secret)) for k in (parse_key(t, contract) for t in keys)},
         key=lambda s: s.hash,
     )
     step = on_step or (lambda name: None)
-    request_id, resumed = _request(config, contract, subjects)
-    report = ErasureReport(request_id, contract.name, len(subjects), dry_run=dry_run)
-    report.resumed = resumed
+    step("finding the subjects")
+    held = _present(config, contract, given)
+    subjects = [s for s in given if s.key in held]
+    if not subjects:
+        raise ErasureError(
+            f"no layer of table {contract.name} holds the {len(given)} key(s) given: "
+            "nothing written"
+        )
     pii = {c.name for c in contract.columns if c.pii}
     step("collecting the subjects' values")
     values = _pii_values(config, contract, subjects)
+    request = _request(config, contract, subjects, reason)
+    if not request.resumed:
+        _check_reason(reason, subjects, values)
+    request_id, reason, requested_at = request.id, request.reason, request.requested_at
+    report = ErasureReport(request_id, contract.name, len(subjects), dry_run=dry_run)
+    report.resumed = request.resumed
+    report.unknown = len(given) - len(subjects)
     app_id = f"cdcflow-erase-{request_id}"
     planned: list[tuple[_Layer, DeltaTable, pl.DataFrame]] = []
     for layer in _layers(contract):
         delta = _open(config, layer.name)
         if delta is None:
             continue
-        if delta.transaction_version(app_id) is not None:
-            report.rows[layer.name] = 0  # done by an earlier attempt of this request
-            continue
-        rows = _matching_rows(delta, layer, contract, subjects, values)
+        # only rows the redaction changes: none in a table an earlier attempt redacted
+        rows = _redacted(
+            _matching_rows(delta, layer, contract, subjects, values), layer, pii, values
+        )
         report.rows[layer.name] = rows.height
         planned.append((layer, delta, rows))
     if dry_run:
@@ -644,15 +812,15 @@ def erase(
             "erase vacuums the tables it changes and ends their time travel at the erasure "
             f"(maintenance.time_travel_window is {_duration(window)}): run it again with --yes"
         )
-    requested_at = datetime.now(UTC)
     step("recording the request")
     _append_log(config, request_id, contract, subjects, reason, requested_at, "requested")
     crash_point("erase_after_log", 0)
     for layer, delta, rows in planned:
         step(f"redacting {layer.name}")
         if rows.height:
-            _merge(delta, _redacted(rows, layer, pii, values), layer, app_id)
-        crash_point(f"erase_after_{layer.kind}", 0)
+            _merge(delta, rows, layer, app_id)
+        if f"erase_after_{layer.kind}" in ERASURE_CRASH_POINTS:
+            crash_point(f"erase_after_{layer.kind}", 0)
     # every table of the contract is vacuumed (a resumed request's earlier redactions too)
     touched = [layer.name for layer in _layers(contract)]
     if not config.tables:  # the shipped customers tables: Gold from the redacted history
@@ -717,6 +885,10 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
     checkpoint commit (a crash before it re-runs the batch and this), the Spark engine right
     after it.
 
+    The micro-batch's keys are its Bronze rows' and its quarantined records' (their key
+    columns, or the keys their raw lines name: a late record of an erased subject that fails
+    validation holds personal data too).
+
     Returns:
         One report per table whose subjects were erased again.
     """
@@ -725,18 +897,22 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
         hashes = erased_hashes(config, contract.name)
         if not hashes:
             continue
-        bronze = _open(config, contract.table_names.bronze)
-        if bronze is None:
-            continue
-        keys = (
-            _scan(bronze)
-            .filter(pl.col("batch_id") == batch_id)
-            .select(pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys)
-            .unique()
-            .collect()
-        )
+        keys: set[tuple[str, ...]] = set()
+        for name in (contract.table_names.bronze, contract.table_names.quarantine):
+            delta = _open(config, name)
+            if delta is None:
+                continue
+            rows = _scan(delta).filter(pl.col("batch_id") == batch_id).collect()
+            if all(k in rows.columns for k in contract.keys):
+                keyed = rows.select(
+                    pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys
+                ).drop_nulls()
+                keys.update(keyed.iter_rows())
+            if "raw_line" in rows.columns:
+                for text in rows["raw_line"].to_list():
+                    keys.update(_raw_keys(text, contract))
         secret = erasure_key(config)
-        again = [row for row in keys.iter_rows() if subject_hash(tuple(row), secret) in hashes]
+        again = sorted(k for k in keys if subject_hash(k, secret) in hashes)
         if not again:
             continue
         texts = [row[0] if len(row) == 1 else json.dumps(list(row)) for row in again]

@@ -26,7 +26,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import arrow_dataset, read_arrow
@@ -181,14 +183,18 @@ def _silver_versions(config: CdcflowConfig, go: Any) -> Any:
         latest = DeltaTable(uri, storage_options=options).version()
         versions, live, deleted = [], [], []
         for version in range(max(0, latest - VERSIONS + 1), latest + 1):
-            table = DeltaTable(uri, version=version, storage_options=options)
-            names = table.schema().to_arrow().names
-            if "is_deleted" in names:
-                flags = read_arrow(table, columns=["is_deleted"]).column(0).to_pylist()
-                gone = sum(1 for f in flags if f)
-                rows = len(flags)
-            else:  # hard deletes remove the row: nothing deleted stays
-                rows, gone = arrow_dataset(table).count_rows(), 0
+            try:
+                table = DeltaTable(uri, version=version, storage_options=options)
+                names = table.schema().to_arrow().names
+                if "is_deleted" in names:
+                    flags = read_arrow(table, columns=["is_deleted"]).column(0).to_pylist()
+                    gone = sum(1 for f in flags if f)
+                    rows = len(flags)
+                else:  # hard deletes remove the row: nothing deleted stays
+                    rows, gone = arrow_dataset(table).count_rows(), 0
+            except (DeltaError, OSError, pa.ArrowException):
+                # an earlier version a vacuum removed (e.g. an erasure ended time travel there)
+                continue
             versions.append(version)
             live.append(rows - gone)
             deleted.append(gone)
