@@ -356,6 +356,9 @@ def _key_filter(
     present = set(columns)
     if not all(k in present for k in contract.keys):
         return pl.lit(False)
+    if len(contract.keys) == 1:
+        key = pl.col(contract.keys[0]).cast(pl.String).str.strip_chars()
+        return key.is_in([s.key[0] for s in subjects])
     wanted = pl.DataFrame(
         {k: [s.key[i] for s in subjects] for i, k in enumerate(contract.keys)},
         schema={k: pl.String for k in contract.keys},
@@ -374,6 +377,12 @@ def _raw_key_filter(
 ) -> pl.Expr:
     """Rows whose text ``column`` holds ``"<key column>": <value>`` (quoted or not) for every
     key column of one of the subjects: a quarantined line of the subject, parsed or not."""
+    if len(contract.keys) == 1:  # one pattern of every subject's value
+        values = "|".join(pl.escape_regex(s.key[0]) for s in subjects)
+        return pl.col(column).str.contains(
+            f'"{pl.escape_regex(contract.keys[0])}"' + r'\s*:\s*"?(' + values
+            + r')"?\s*([,}\]]|$)'
+        )  # fmt: skip
     expr = pl.lit(False)
     for subject in subjects:
         one = pl.lit(True)
