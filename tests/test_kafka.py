@@ -93,15 +93,18 @@ def produce(
 
 
 def write_config(
-    root: Path, prefix: str, bootstrap: str = BOOTSTRAP, **kafka: Any
+    root: Path, prefix: str, bootstrap: str = BOOTSTRAP, lake: str | None = None, **kafka: Any
 ) -> CdcflowConfig:
+    """The Kafka pipeline's config file under ``root`` (landing there; the lakehouse and the
+    checkpoint there too, or under the URI ``lake``)."""
+    lake = lake or str(root / "lake")
     tables = [
         ACCOUNTS_CONTRACT.model_dump(mode="json", exclude_defaults=True),
         {**ORDERS.model_dump(mode="json", exclude_defaults=True), "truncate": "ignore"},
     ]
     raw = {
         "pipeline": {"name": "kafka"},
-        "storage": {"root": str(root / "lake")},
+        "storage": {"root": lake},
         "source": {
             "type": "kafka",
             "format": "debezium",
@@ -114,7 +117,7 @@ def write_config(
                 **kafka,
             },
         },
-        "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "kafka")},
+        "checkpoint": {"location": f"{lake}/_checkpoints/kafka"},
         "tables": tables,
     }
     root.mkdir(parents=True, exist_ok=True)
@@ -573,11 +576,44 @@ def test_offsets_that_go_back_and_a_corrupt_state_stop_the_run(tmp_path: Path) -
     source._watermarks = lambda consumer, t, p: (0, 5)  # type: ignore[method-assign]
     with pytest.raises(KafkaSourceError, match="went back from 100 to 5"):
         source._plan(None, {"x.public.accounts:0": 100}, "kafka_00000001.jsonl")
-    source.state_path.parent.mkdir(parents=True, exist_ok=True)
     for corrupt in ('{"next": [], "plans": []}', '{"next": {"a:0": 1e400}, "plans": []}', "{"):
-        source.state_path.write_text(corrupt)
+        source.state.replace("kafka_source.json", corrupt.encode())
         with pytest.raises(KafkaSourceError, match="unreadable source state"):
             source._load()
+
+
+def test_the_source_state_on_an_object_store_checkpoint(
+    kafka_broker: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The lakehouse and the checkpoint on S3 (the landing folder local): the write-ahead
+    state is an object of the checkpoint, each record is delivered once, Silver is what a run
+    with a local checkpoint makes of the same topics, and a second run finds nothing new."""
+    from cdcflow.state.storage import ObjectStorage
+    from tests.conftest import fresh_prefix
+
+    request.getfixturevalue("s3_server")
+    prefix = f"o{uuid.uuid4().hex[:8]}"
+    topics(prefix)
+    records = workload(prefix, seed=5, count=40)
+    produce(records)
+    local = write_config(tmp_path / "local", prefix, group_id=f"local-{prefix}")
+    Pipeline(local).run(Trigger.parse("available-now"))
+    remote = write_config(
+        tmp_path / "remote", prefix, lake=fresh_prefix("s3", "kafka-state"),
+        group_id=f"remote-{prefix}",
+    )  # fmt: skip
+    reports = Pipeline(remote).run(Trigger.parse("available-now"))
+    assert len(reports) >= 2
+    assert delivered(remote) == in_kafka(prefix)  # each record exactly once
+    assert_silver(remote, expected(remote, records))
+    for contract in remote.contracts():
+        name = contract.table_names.silver
+        by_key = sorted(rows(remote, name), key=lambda r: [r[k] for k in contract.keys])
+        assert by_key == sorted(rows(local, name), key=lambda r: [r[k] for k in contract.keys])
+    state = ObjectStorage(remote.checkpoint.location).read("kafka_source.json")
+    assert state is not None and sum(json.loads(state)["next"].values()) == len(records)
+    assert not (tmp_path / "remote" / "lake").exists()  # nothing local but the landing
+    assert Pipeline(remote).run(Trigger.parse("available-now")) == []
 
 
 def test_a_pattern_that_matches_no_topic_says_so(kafka_broker: str, tmp_path: Path) -> None:

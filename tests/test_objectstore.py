@@ -260,10 +260,6 @@ def test_two_runs_on_one_object_store_root_exactly_one_proceeds(
             {"pipeline": {"engine": "spark"}, "storage": {"root": "./lake"}},
             "with storage.root on S3 too",
         ),
-        (
-            {"source": {"type": "postgres"}},
-            "source.type postgres keeps its state beside the checkpoint",
-        ),
     ],
 )
 def test_an_object_store_checkpoint_is_refused_where_it_is_not_supported_yet(

@@ -182,6 +182,34 @@ def test_workload_streams_in_micro_batches_and_reconciles(pg: PgLake) -> None:
     assert pg.run() == []
 
 
+def test_the_source_state_on_an_object_store_checkpoint(
+    pg: PgLake, request: pytest.FixtureRequest
+) -> None:
+    """The lakehouse and the checkpoint on S3 (the staged files in the local landing folder):
+    the source state is an object of the checkpoint, the slot advances past every committed
+    staged file, Silver reconciles with the table, and a second run finds nothing new."""
+    from cdcflow.state.storage import ObjectStorage
+    from tests.conftest import fresh_prefix
+
+    request.getfixturevalue("s3_server")
+    lake = fresh_prefix("s3", "pg-state")
+    raw = pg.make_config(max_changes=150).model_dump(mode="json", by_alias=True)
+    raw["storage"]["root"] = lake
+    raw["checkpoint"]["location"] = f"{lake}/_checkpoints/customers"
+    pg.config = CdcflowConfig.model_validate(raw)
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        run_workload(conn, customers=30, transactions=120, seed=5)
+    reports = pg.run()
+    assert len(reports) >= 2
+    _assert_reconciles(pg)
+    stored = ObjectStorage(pg.config.checkpoint.location).read(STATE_FILE)
+    assert stored is not None
+    staged = json.loads(stored)["staged"]
+    assert staged and all(f["acknowledged"] for f in staged)
+    assert pg.confirmed() == parse_lsn(staged[-1]["end_lsn"])
+    assert pg.run() == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_offsets", "after_silver", "before_commit"])
 def test_crash_between_staging_and_commit_recovers(pg: PgLake, point: str) -> None:

@@ -496,10 +496,10 @@ class CdcflowConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _object_store_checkpoint(self) -> CdcflowConfig:
-        """An object-store checkpoint holds the offsets, commits and lease of either engine
-        (and the Spark engine's streaming checkpoint, through the S3A connector: on S3, with the
-        tables on S3 too); the PostgreSQL / Kafka sources' state files still need a local (or
-        shared, mounted) folder."""
+        """An object-store checkpoint holds the offsets, commits and lease of either engine, the
+        PostgreSQL / Kafka sources' state (their staged files stay in the local ``source.path``),
+        and the Spark engine's streaming checkpoint through the S3A connector: on S3, with the
+        tables on S3 too."""
         from cdcflow.state.storage import is_object_uri
 
         if not is_object_uri(self.checkpoint.location):
@@ -515,12 +515,6 @@ class CdcflowConfig(BaseSettings):
                 "checkpoint.location: the Spark engine keeps its checkpoint on an object store "
                 "only on S3 (s3://, through the S3A connector) with storage.root on S3 too; "
                 "otherwise on a local or mounted folder"
-            )
-        if self.source.type != "files":
-            raise ValueError(
-                f"checkpoint.location: source.type {self.source.type} keeps its state beside "
-                "the checkpoint in a local folder; an object-store checkpoint is for the "
-                "files source"
             )
         return self
 

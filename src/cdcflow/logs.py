@@ -127,6 +127,8 @@ def setup_logging(level: str = "INFO", file: str | Path | None = None) -> None:
             if _state["format"] == "auto":  # a human at a terminal: only what needs attention
                 handler.setLevel(max(logging.WARNING, logging.getLevelName(level)))
         logger.addHandler(handler)
+    else:  # a handler that drops everything: else logging's last resort prints warnings
+        logger.addHandler(logging.NullHandler())
     if file:
         path = Path(file)
         try:

@@ -115,6 +115,8 @@ def erase(
     if not keys:
         what = "--verify" if verify else "erase"
         raise ConfigError(f"{what}: give the subjects with --key or --from-file")
+    if any(not v.strip() for v in value or []):
+        raise ConfigError("--value: an empty value (it would be found in every file)")
     if verify:
         checks = er.verify_erasure(cfg, name, keys, list(value or []))
         if output == "json":
@@ -139,6 +141,8 @@ def erase(
         typer.echo(json.dumps(report.to_json(), indent=1))
         return
     title = "erase (dry run: nothing written)" if dry_run else f"erase {report.request_id}"
+    if report.unknown:
+        title += f" — {report.unknown} key(s) held by no layer: left out"
     view = Table(title=title)
     view.add_column("table")
     view.add_column("rows redacted", justify="right")
@@ -155,8 +159,7 @@ def erase(
     if not dry_run:
         console.print(
             f"{report.subjects} subject(s) erased from {name}; Snowflake: {report.snowflake}. "
-            "Time travel of these tables now starts at the versions above."
-            + (f" {report.unknown} key(s) held by no layer: left out." if report.unknown else ""),
+            "Time travel of these tables now starts at the versions above.",
             markup=False,
             highlight=False,
         )

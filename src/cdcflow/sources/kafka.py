@@ -55,6 +55,7 @@ import orjson
 from cdcflow.errors import CdcflowError, ConfigError, MissingDependencyError
 from cdcflow.logs import get_logger
 from cdcflow.sources.postgres import write_text_atomic as _write_atomic
+from cdcflow.state.storage import open_storage
 
 if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig, KafkaSourceSection
@@ -198,7 +199,9 @@ class KafkaSource:
         self.config = config
         self.settings = config.source.kafka
         self.landing = Path(config.source.path)
-        self.state_path = Path(config.checkpoint.location) / STATE_FILE
+        #: the write-ahead state's store: the checkpoint's (a local folder or an object store)
+        self.state = open_storage(config.checkpoint.location, config.storage.options)
+        self.state_path = f"{config.checkpoint.location.rstrip('/')}/{STATE_FILE}"
         self.max_records = config.source.max_records_per_trigger
         self._conf = client_settings(self.settings, config.file)
         #: the topics the last trigger found (for the CLI's "nothing new" line)
@@ -212,10 +215,11 @@ class KafkaSource:
     # -- state ------------------------------------------------------------------------------
     def _load(self) -> tuple[dict[str, int], list[Plan]]:
         """``(next offset per "topic:partition", plans)`` of the write-ahead state."""
-        if not self.state_path.exists():
-            return {}, []
         try:
-            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+            raw = self.state.read(STATE_FILE)
+            if raw is None:
+                return {}, []
+            data = json.loads(raw.decode("utf-8"))
             return (
                 {str(k): int(v) for k, v in data["next"].items()},
                 [Plan.from_json(p) for p in data["plans"]],
@@ -227,9 +231,8 @@ class KafkaSource:
             ) from None
 
     def _save(self, positions: dict[str, int], plans: list[Plan]) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"next": positions, "plans": [p.to_json() for p in plans]}
-        _write_atomic(self.state_path, json.dumps(payload, indent=1, sort_keys=True))
+        self.state.replace(STATE_FILE, json.dumps(payload, indent=1, sort_keys=True).encode())
 
     # -- broker -----------------------------------------------------------------------------
     def _consumer(self) -> Any:

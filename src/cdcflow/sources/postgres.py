@@ -41,7 +41,7 @@ from cdcflow.errors import CdcflowError, ConfigError, MissingDependencyError
 from cdcflow.logs import get_logger
 from cdcflow.model.lsn import format_pg_lsn, parse_lsn
 from cdcflow.sources.postgres_decode import DecodedRange, decode_rows
-from cdcflow.state.storage import write_bytes_atomic
+from cdcflow.state.storage import open_storage, write_bytes_atomic
 
 if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig, PostgresSourceSection
@@ -344,7 +344,9 @@ class PostgresSource:
     def __init__(self, config: CdcflowConfig) -> None:
         self.settings = config.source.postgres
         self.landing = Path(config.source.path)
-        self.state_path = Path(config.checkpoint.location) / STATE_FILE
+        #: the state file's store: the checkpoint's (a local folder or an object store)
+        self.state = open_storage(config.checkpoint.location, config.storage.options)
+        self.state_path = f"{config.checkpoint.location.rstrip('/')}/{STATE_FILE}"
         #: declared tables: PostgreSQL table (= the contract's name) → its key columns' source
         #: fields; None for the customers table (``source.postgres.table``)
         self.tables: dict[str, tuple[str, ...]] | None = None
@@ -357,10 +359,11 @@ class PostgresSource:
     # -- state file -------------------------------------------------------------------------
     def staged(self) -> list[StagedFile]:
         """The staged files recorded in the state file, oldest first."""
-        if not self.state_path.exists():
-            return []
         try:
-            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+            raw = self.state.read(STATE_FILE)
+            if raw is None:
+                return []
+            data = json.loads(raw.decode("utf-8"))
             return [StagedFile.from_json(f) for f in data["staged"]]
         except (OSError, ValueError, KeyError) as exc:
             raise PostgresSourceError(
@@ -368,9 +371,8 @@ class PostgresSource:
             ) from exc
 
     def _save(self, staged: list[StagedFile]) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"slot": self.settings.slot_name, "staged": [f.to_json() for f in staged]}
-        write_text_atomic(self.state_path, json.dumps(payload, indent=1))
+        self.state.replace(STATE_FILE, json.dumps(payload, indent=1).encode("utf-8"))
 
     # -- pipeline hooks ---------------------------------------------------------------------
     def stage(self, checkpoint: Checkpoint) -> StagedFile | None:

@@ -103,6 +103,8 @@ def start_emulator(db_path: str = MEMORY) -> dict[str, Any]:
         import logging
 
         logging.getLogger("fakesnow.server").setLevel(logging.WARNING)
+        # the emulator's SQL parser announcing that it passes a statement through (REMOVE @stage)
+        logging.getLogger("sqlglot").setLevel(logging.ERROR)
         # fakesnow's advice to its own callers (it copies rows to Arrow for the connector's
         # fetch_arrow_all): not something a cdcflow user can act on
         warnings.filterwarnings(

@@ -380,6 +380,29 @@ def to_polars(data: Any) -> pl.DataFrame:
     return frame
 
 
+def _full_refresh_instead(config: CdcflowConfig, silver: str, synced: int, exc: Exception) -> None:
+    """Log why an incremental sync becomes a full refresh: at info level when Silver's log
+    starts after the synced version (its earlier versions were vacuumed and the log truncated:
+    ``cdcflow erase``, an expected case), as a warning otherwise."""
+    from cdcflow.state.storage import open_storage
+
+    try:
+        names = open_storage(f"{config.table_uri(silver)}/_delta_log", config.storage.options)
+        commits = [int(n.split(".")[0]) for n in names.names()
+                   if n.endswith(".json") and n.split(".")[0].isdigit()]  # fmt: skip
+    except (OSError, CdcflowError):
+        commits = []
+    extra = {"from_version": synced, "error_type": type(exc).__name__}
+    if commits and min(commits) > synced + 1:
+        log.info(
+            "Silver's log starts after the synced version (truncated, e.g. by cdcflow erase): "
+            "a full refresh",
+            extra={**extra, "log_starts_at": min(commits)},
+        )
+        return
+    log.warning("Silver change data feed unreadable, falling back to a full refresh", extra=extra)
+
+
 def read_changes(
     table: DeltaTable, from_version: int, to_version: int, target: SyncTarget = CUSTOMERS_TARGET
 ) -> pl.DataFrame:
@@ -754,10 +777,7 @@ def sync_dim(
             try:
                 changes = read_changes(silver, synced, current, target)
             except Exception as exc:  # CDF files vacuumed or not recorded for a version
-                log.warning(
-                    "Silver change data feed unreadable, falling back to a full refresh",
-                    extra={"from_version": synced, "error_type": type(exc).__name__},
-                )
+                _full_refresh_instead(config, target.silver, synced, exc)
                 kind = "full"
         report = TableSyncReport(target.table, source, kind, synced, current)
         report.source_committed_at = _commit_time(silver, current)
@@ -823,10 +843,7 @@ def _sync_written(
             try:
                 written = writer.changes(target, synced, current, stamp, folder)
             except Exception as exc:  # CDF files vacuumed or not recorded for a version
-                log.warning(
-                    "Silver change data feed unreadable, falling back to a full refresh",
-                    extra={"from_version": synced, "error_type": type(exc).__name__},
-                )
+                _full_refresh_instead(config, target.silver, synced, exc)
                 kind = "full"
                 shutil.rmtree(folder, ignore_errors=True)
         if written is None:
