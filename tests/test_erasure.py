@@ -175,6 +175,10 @@ def test_erase_leaves_no_trace_and_keeps_everything_else(tmp_path: Path) -> None
     assert "FAIL" not in verify.stdout and verify.stdout.count("PASS") >= 9
     status = cli("erase", "--config", str(config), "--status", "--output", "json")
     assert status.returncode == 0 and SUBJECT not in status.stdout
+    assert len(json.loads(status.stdout)) == 2
+    for key, count in ((SUBJECT, 2), ("C-8", 0)):  # one subject's rows
+        mine = cli("erase", "--config", str(config), "--status", "--key", key, "--output", "json")
+        assert mine.returncode == 0 and len(json.loads(mine.stdout)) == count, mine.stderr
     # replay from the redacted Bronze reproduces Silver; the pipeline goes on
     replay = cli("replay", "--config", str(config), "--verify")
     assert replay.returncode == 0, replay.stdout + replay.stderr

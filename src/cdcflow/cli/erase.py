@@ -43,7 +43,10 @@ def erase(
         ),
     ] = False,
     status: Annotated[
-        bool, typer.Option("--status", help="show audit/erasure_log instead of erasing")
+        bool,
+        typer.Option(
+            "--status", help="show audit/erasure_log instead of erasing (with --key: its rows)"
+        ),
     ] = False,
     verify: Annotated[
         bool,
@@ -87,6 +90,13 @@ def erase(
     name = table or ("customers" if "customers" in names or len(names) != 1 else names[0])
     if status:
         rows = er.erasure_log(cfg)
+        if key:  # one subject's requests: found by the keyed hash of the key
+            contract = er.find_contract(cfg, name)
+            secret = er.erasure_key(cfg)
+            hashes = [er.subject_hash(er.parse_key(k, contract), secret) for k in key]
+            rows = rows.filter(
+                (rows["table_name"] == contract.name) & rows["subject_hash"].is_in(hashes)
+            )
         if output == "json":
             typer.echo(rows.write_json())
             return
