@@ -317,6 +317,13 @@ def test_a_declared_table_with_an_integer_key(tmp_path: Path) -> None:
     owners = {r["account_id"]: r["owner"] for r in table_rows(config, "silver/accounts")}
     assert owners == {7: None, 8: "Bob Kept"}
     assert table_rows(config, "silver/order_lines") == before_lines
+    # a later record of the subject that no contract takes (a misspelled source table)
+    landing = Path(config.source.path)
+    late = json.dumps(rec("acounts", "A9", "UPDATE", 30, account_id=7, owner="Ann Unrouted"))
+    (landing / "zz_late.jsonl").write_text(late + "\n")
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert table_rows(config, "quarantine/unrouted_events")  # it went there
+    assert files_holding([tmp_path / "lake"], ("Ann Unrouted",)) == []
     with pytest.raises(Exception, match="no such table"):
         erase(config, "invoices", ["1"], confirmed=True)
     with pytest.raises(Exception, match="marks no column pii"):
@@ -362,14 +369,26 @@ def test_what_arrives_after_or_beside_an_erasure(tmp_path: Path) -> None:
     replay still verifies; the HTML report still renders after the vacuum."""
     lake = lake_with_subject(tmp_path)
     config = str(write_config(lake))
-    lake.write([ev("E8", SUBJECT, "UPDATE", 45, city=VALUES[1])])  # an e-mail in city
+    lake.write(
+        [
+            ev("E8", SUBJECT, "UPDATE", 45, city=VALUES[1]),  # an e-mail in city
+            # another customer's quarantined record that shares the subject's name
+            ev("Q8", "C-8", "FROBNICATE", 46, customer_name=VALUES[0], email=OTHER["email"]),
+        ]
+    )
     lake.run()
+    quarantine = "quarantine/customer_events"
+    theirs = lake.table(quarantine).filter(pl.col("event_id") == "Q8")["raw_line"].to_list()
     rebuilt = cli("replay", "--config", config, "--verify")
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     shadow = tmp_path / "lake" / "_shadow"
     assert files_holding([shadow], (VALUES[0],))  # the shadow holds the subject's name
     erase(lake.config, "customers", [SUBJECT], confirmed=True, reason="TICKET-2")
     assert files_holding([shadow], VALUES[:1] + VALUES[2:]) == []
+    # the other customer's line is theirs: untouched, their e-mail and the shared name kept
+    assert lake.table(quarantine).filter(pl.col("event_id") == "Q8")["raw_line"].to_list() == (
+        theirs
+    )
     assert lake.silver()[SUBJECT]["city"] == VALUES[1]  # not a pii column: kept
     replay = cli("replay", "--config", config, "--verify")
     assert replay.returncode == 0, replay.stdout + replay.stderr
@@ -377,17 +396,18 @@ def test_what_arrives_after_or_beside_an_erasure(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     older = cli("as-of", "--config", config, "--version", "1")
     assert older.returncode == 2 and "time travel starts at version" in older.stderr, older.stderr
-    late = ("late.bad@example.com", "broken.late@example.com")
+    late = ("late.bad@example.com", "broken.late@example.com", "padded.late@example.com")
     lake.write(
         [
             ev("L1", SUBJECT, "FROBNICATE", 70, email=late[0]),
             f'{{"event_id": "L2", "customer_id": "{SUBJECT}", "email": "{late[1]}", broken',
+            f'{{"event_id": "L3", "customer_id": " {SUBJECT} ", "email": "{late[2]}", broken',
         ]
     )
     lake.run()
     table = lake.table("quarantine/customer_events")
     quarantined = table.filter(pl.col("batch_id") == table["batch_id"].max())
-    assert quarantined.height == 2
+    assert quarantined.height == 3
     # the broken line (no key column was read from it) is replaced whole
     assert "[erased]" in quarantined["raw_line"].to_list()
     assert files_holding(lake_files(lake), late) == []
@@ -419,3 +439,28 @@ def test_a_late_event_during_an_unfinished_erasure(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert set(json.loads(again.stdout)["rows"].values()) == {0}
     assert DeltaTable(lake.config.table_uri("bronze/customer_events")).version() >= version
+
+
+def test_an_erasure_during_a_replay_rebuild_leaves_no_shadow(tmp_path: Path) -> None:
+    """``cdcflow replay`` takes no lock: an erasure that completes while it rebuilds makes the
+    rebuild fail and empties the shadow tables it had written (whose buckets may hold the
+    erased values)."""
+    from cdcflow.engines.local.replay import rebuild_shadow
+
+    lake = lake_with_subject(tmp_path)
+    for n in range(40):  # more customers: several buckets
+        lake.write([ev(f"X{n}", f"C-{100 + n}", "INSERT", 100 + n, **full(**OTHER))])
+    lake.run()
+    erased: list[int] = []
+
+    def on_bucket(done: int, total: int) -> None:
+        if done == 1:
+            assert total > 1
+            erase(lake.config, "customers", [SUBJECT], confirmed=True)
+            erased.append(done)
+
+    with pytest.raises(Exception):  # noqa: B017 (the erasure's vacuum may fail the read first)
+        rebuild_shadow(lake.config, bucket_rows=5, on_bucket=on_bucket)
+    assert erased
+    assert files_holding([tmp_path / "lake" / "_shadow"], VALUES) == []
+    assert files_holding(lake_files(lake), VALUES) == []

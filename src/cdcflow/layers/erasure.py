@@ -16,11 +16,13 @@ Bronze                     PII columns set to null; ``raw_payload``: every field
                            ``content_hash`` is kept, so a redelivery of an erased event stays a
                            duplicate.
 quarantine                 the rows of the key (its key columns, or a raw line holding
-                           ``"<key column>": <value>``) and every row whose raw line holds one of
-                           the subject's PII values: in ``raw_line`` (JSON) the PII fields set to
-                           null and every PII value replaced by :data:`REDACTED`; a subject's raw
-                           line that is not JSON is replaced whole by :data:`REDACTED`;
-                           ``failure_detail`` has the values replaced
+(and unrouted records)     ``"<key column>": <value>``): in ``raw_line`` (JSON) the PII fields set
+                           to null and every PII value replaced by :data:`REDACTED`; a subject's
+                           raw line that is not JSON is replaced whole by :data:`REDACTED`. A
+                           line naming no key that holds one of the subject's values: only those
+                           values replaced (a line naming another key is never touched: it may
+                           share a value, e.g. a common name). ``failure_detail``: the values
+                           replaced
 Silver, history            PII columns set to null
 replay shadows             ``_shadow/<silver>`` (``cdcflow replay``'s rebuild) as Silver
 outcomes, tombstones       nothing to do: they hold keys, sequences and times only
@@ -92,6 +94,9 @@ REDACTED = "[erased]"
 KEY_ENV = "CDCFLOW_ERASURE_KEY"
 #: Shortest PII value searched for inside texts (shorter ones would match everywhere).
 MIN_VALUE_LENGTH = 3
+#: Layers of quarantined raw lines (the contract's quarantine, and the unrouted records' table
+#: of declared tables: ``quarantine/unrouted_events``).
+QUARANTINES = ("quarantine", "unrouted")
 #: Folder of a replay's rebuilt tables (:mod:`cdcflow.engines.local.replay`).
 SHADOW_PREFIX = "_shadow"
 #: The steps of an erasure, each followed by a crash point ``erase_after_<step>``.
@@ -321,6 +326,14 @@ def _layers(contract: TableContract) -> list[_Layer]:
             (),
             ("raw_line", "failure_detail"),
         ),
+        # records no contract took (declared tables: a misspelled source table)
+        _Layer(
+            "quarantine/unrouted_events",
+            "unrouted",
+            ("batch_id", "source_file", "source_line"),
+            (),
+            ("raw_line", "failure_detail"),
+        ),
         _Layer(
             names.bronze,
             "bronze",
@@ -380,16 +393,16 @@ def _raw_key_filter(
     if len(contract.keys) == 1:  # one pattern of every subject's value
         values = "|".join(pl.escape_regex(s.key[0]) for s in subjects)
         return pl.col(column).str.contains(
-            f'"{pl.escape_regex(contract.keys[0])}"' + r'\s*:\s*"?(' + values
-            + r')"?\s*([,}\]]|$)'
+            f'"{pl.escape_regex(contract.keys[0])}"' + r'\s*:\s*"?\s*(' + values
+            + r')\s*"?\s*([,}\]]|$)'
         )  # fmt: skip
     expr = pl.lit(False)
     for subject in subjects:
         one = pl.lit(True)
         for name, value in zip(contract.keys, subject.key, strict=True):
             pattern = (
-                f'"{pl.escape_regex(name)}"' + r'\s*:\s*"?' + pl.escape_regex(value)
-                + r'"?\s*([,}\]]|$)'
+                f'"{pl.escape_regex(name)}"' + r'\s*:\s*"?\s*' + pl.escape_regex(value)
+                + r'\s*"?\s*([,}\]]|$)'
             )  # fmt: skip
             one = one & pl.col(column).str.contains(pattern)
         expr = expr | one
@@ -417,7 +430,7 @@ def _raw_keys(text: str, contract: TableContract) -> list[tuple[str, ...]]:
         return found
     parts = []
     for name in contract.keys:
-        match = re.search(rf'"{re.escape(name)}"\s*:\s*"?([^",}}\]\s]+)', text)
+        match = re.search(rf'"{re.escape(name)}"\s*:\s*"?\s*([^",}}\]\s]+)', text)
         if match is None:
             return []
         parts.append(match.group(1).strip())
@@ -445,7 +458,7 @@ def _present(
                 .collect()
             )
             held.update(keys.iter_rows())
-        if layer.kind == "quarantine":
+        if layer.kind in QUARANTINES:
             lines = scan.filter(_raw_key_filter(contract, subjects)).select("raw_line").collect()
             for text in lines["raw_line"].to_list():
                 held.update(k for k in _raw_keys(text, contract) if k in wanted)
@@ -532,14 +545,28 @@ def _matching_rows(
     scan = _scan(table)
     columns = scan.collect_schema().names()
     match = _key_filter(contract, subjects, columns)
-    if layer.kind == "quarantine":
+    if layer.kind in QUARANTINES:
         scan = scan.with_columns((match | _raw_key_filter(contract, subjects)).alias("_subject"))
         match = pl.col("_subject")
         if values:
-            match = match | pl.col("raw_line").str.contains_any(list(values))
-            match = match | pl.col("failure_detail").str.contains_any(list(values))
+            # a line naming no key that holds one of the values (a broken line with their
+            # e-mail); another subject's line may share a value (a common name), so a line
+            # naming a key is only ever redacted as the subjects' own (``_subject``)
+            keyless = pl.lit(True)
+            for name in contract.keys:
+                if name in columns:
+                    keyless = keyless & pl.col(name).is_null()
+            holds = pl.col("raw_line").str.contains_any(list(values)) | pl.col(
+                "failure_detail"
+            ).str.contains_any(list(values))
+            match = match | (keyless & holds)
     rows = scan.filter(match).collect()
-    if layer.kind in ("quarantine", "bronze"):
+    if layer.kind in QUARANTINES:
+        own = rows["_subject"].to_list()
+        named = [bool(_raw_keys(t, contract)) for t in rows["raw_line"].to_list()]
+        keep = [o or not n for o, n in zip(own, named, strict=True)]
+        return rows.filter(pl.Series(keep, dtype=pl.Boolean))
+    if layer.kind == "bronze":
         return rows
     # Silver, history, shadow: only rows that still hold a value to null
     nulled = [c for c in layer.nulled if c in rows.columns]
@@ -565,8 +592,10 @@ def _redacted(
                 redacted.append(redact_text(text, pii, values, elsewhere=False))
             elif column == "raw_line" and subject and text and _loads(text) is None:
                 redacted.append(REDACTED)  # the subject's line, not JSON: what is PII is unknown
-            else:
+            elif subject:
                 redacted.append(redact_text(text, pii, values))
+            else:  # a line naming no key: only the subject's values go, nothing else
+                redacted.append(redact_text(text, set(), values))
         out = out.with_columns(pl.Series(column, redacted, dtype=pl.String))
     changed = [c for c in (*layer.nulled, *layer.texts) if c in out.columns]
     if not changed or out.is_empty():
@@ -712,6 +741,13 @@ def _truncate_history(config: CdcflowConfig, name: str) -> int:
     return len(removed)
 
 
+def purge_history(config: CdcflowConfig, name: str) -> int:
+    """Remove every file and log entry of table ``name`` that its latest version does not need
+    (vacuum with a retention of zero, the log truncated at a new checkpoint): time travel
+    ends at the latest version. Returns the files vacuumed (0 when there is no such table)."""
+    return _truncate_history(config, name)
+
+
 def _delete_log_before(config: CdcflowConfig, name: str, version: int) -> None:
     """Delete ``_delta_log`` commit files, checksums and checkpoints of versions before
     ``version``."""
@@ -815,6 +851,8 @@ def erase(
     if dry_run:
         report.snowflake = "dry-run"
         return report
+    if not request.resumed and not any(report.rows.values()):
+        return report  # nothing holds their personal data any more: nothing to write
     window = config.maintenance.time_travel_window
     if window.total_seconds() > 0 and not confirmed:
         raise ErasureError(
@@ -894,9 +932,11 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
     checkpoint commit (a crash before it re-runs the batch and this), the Spark engine right
     after it.
 
-    The micro-batch's keys are its Bronze rows' and its quarantined records' (their key
-    columns, or the keys their raw lines name: a late record of an erased subject that fails
-    validation holds personal data too).
+    The micro-batch's keys are its Bronze rows' and its quarantined and unrouted records'
+    (their key columns, or the keys their raw lines name: a late record of an erased subject
+    that fails validation or routing holds personal data too). With ``snowflake.mode:
+    inline`` it also runs before the micro-batch's inline sync
+    (:func:`cdcflow.sinks.snowflake.inline.inline_sync`).
 
     Returns:
         One report per table whose subjects were erased again.
@@ -907,7 +947,8 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
         if not hashes:
             continue
         keys: set[tuple[str, ...]] = set()
-        for name in (contract.table_names.bronze, contract.table_names.quarantine):
+        names = contract.table_names
+        for name in (names.bronze, names.quarantine, "quarantine/unrouted_events"):
             delta = _open(config, name)
             if delta is None:
                 continue
@@ -1063,7 +1104,10 @@ def verify_erasure(
             continue
         scan = _scan(delta)
         columns = scan.collect_schema().names()
-        mine = scan.filter(_key_filter(contract, subjects, columns)).collect()
+        own = _key_filter(contract, subjects, columns)
+        if layer.kind in QUARANTINES:
+            own = own | _raw_key_filter(contract, subjects)
+        mine = scan.filter(own).collect()
         bad = 0
         for column in (c for c in pii if c in mine.columns):
             bad += int(mine[column].is_not_null().sum())
@@ -1141,6 +1185,7 @@ __all__ = [
     "erasure_key",
     "erasure_log",
     "mask_erased",
+    "purge_history",
     "redact_text",
     "scan_files",
     "subject_hash",

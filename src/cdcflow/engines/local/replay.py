@@ -210,7 +210,42 @@ def rebuild_shadow(
 
     Raises:
         TableError: Bronze (or the requested version) does not exist.
+        ReplayError: an erasure (``cdcflow erase``) ran during the rebuild: the shadow tables,
+            which may hold what it erased, are emptied (and vacuumed); run the replay again.
     """
+    from cdcflow.layers.erasure import erasure_log
+
+    erasures = erasure_log(config).height
+    try:
+        result = _rebuild_shadow(config, to_version, bucket_rows, on_bucket)
+    except BaseException:
+        if erasure_log(config).height != erasures:
+            _empty_shadows(config)
+        raise
+    if erasure_log(config).height != erasures:
+        _empty_shadows(config)
+        raise ReplayError(
+            "an erasure ran during the rebuild (cdcflow erase): the shadow tables were emptied; "
+            "run the replay again"
+        )
+    return result
+
+
+def _empty_shadows(config: CdcflowConfig) -> None:
+    """Empty the shadow tables and remove every earlier version's files and log entries."""
+    from cdcflow.layers.erasure import purge_history
+
+    for spec in (SILVER, TOMBSTONES):
+        _write(config, shadow_name(spec), spec.schema.empty_table(), "overwrite", None)
+        purge_history(config, shadow_name(spec))
+
+
+def _rebuild_shadow(
+    config: CdcflowConfig,
+    to_version: int | None,
+    bucket_rows: int,
+    on_bucket: Callable[[int, int], None] | None,
+) -> ReplayResult:
     started = time.perf_counter()
     mode = config.processing.delete_mode
     bronze = _open(config, BRONZE.name, to_version)

@@ -114,6 +114,10 @@ def inline_sync(
     """
     if config.snowflake.mode != "inline":
         return
+    from cdcflow.layers.erasure import enforce_erasures
+
+    # an erased subject's late events: their PII nulled before anything reaches Snowflake
+    enforce_erasures(config, report.batch_id)
     synced = sync_after_batch(config, report, writer)
     if synced is None:
         return
