@@ -412,15 +412,22 @@ def full(**overrides: Any) -> dict[str, Any]:
 
 
 def _start_object_server(kind: str) -> str:
-    """Start (if needed) a server of ``scripts/objectstore/server.sh``; its endpoint URL."""
+    """Start (if needed) a server of ``scripts/objectstore/server.sh``; its endpoint URL.
+
+    A server this run started is stopped when the test run ends (by the xdist controller).
+    """
+    script = ["bash", "scripts/objectstore/server.sh"]
+    status = subprocess.run([*script, "status", kind], cwd=REPO, capture_output=True, check=False)
     out = subprocess.run(
-        ["bash", "scripts/objectstore/server.sh", "start", kind],
+        [*script, "start", kind],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
     )
     assert out.returncode == 0, f"the {kind} server did not start: {out.stderr[-2000:]}"
+    if status.returncode != 0:  # it was not running: this run started it
+        stop_after_run([*script, "stop", kind], dict(os.environ))
     return out.stdout.strip().splitlines()[-1].split(": ", 1)[1]
 
 
