@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cdcflow.cli.options import ConfigOption
+from cdcflow.cli.options import ConfigOption, WaitOption, parse_wait
 
 
 def erase(
@@ -61,13 +61,7 @@ def erase(
         typer.Option("--value", help="--verify: a value of the subject's data to search for"),
     ] = None,
     output: Annotated[str, typer.Option(help="text | json")] = "text",
-    wait: Annotated[
-        str,
-        typer.Option(
-            help="How long to wait for a running pipeline to release the checkpoint lock "
-            "(e.g. 10m; 0: fail at once)."
-        ),
-    ] = "0",
+    wait: WaitOption = "0",
 ) -> None:
     """Erase the personal data (the columns a contract marks pii) of data subjects from Bronze,
     quarantine, Silver, history and Gold, vacuum those tables (their time travel ends there),
@@ -75,16 +69,12 @@ def erase(
     (docs/erasure.md)."""
     from cdcflow.cli.app import console, load
     from cdcflow.cli.progress import working
-    from cdcflow.config import parse_duration
     from cdcflow.errors import ConfigError
     from cdcflow.layers import erasure as er
 
     if output not in ("text", "json"):
         raise ConfigError(f"--output: expected text or json, got {output!r}")
-    try:
-        patience = parse_duration(wait)
-    except ValueError as exc:
-        raise ConfigError(f"--wait: {exc}") from None
+    patience = parse_wait(wait)
     cfg = load(config, declared_tables=True)
     names = [c.name for c in cfg.contracts()]
     name = table or ("customers" if "customers" in names or len(names) != 1 else names[0])

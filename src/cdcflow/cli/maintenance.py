@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cdcflow.cli.options import ConfigOption
+from cdcflow.cli.options import ConfigOption, WaitOption, parse_wait
 from cdcflow.config import CdcflowConfig
 
 
@@ -112,13 +112,7 @@ def gold(
 def optimize(
     config: ConfigOption,
     vacuum: Annotated[bool, typer.Option(help="Vacuum after compaction.")] = True,
-    wait: Annotated[
-        str,
-        typer.Option(
-            help="How long to wait for a running pipeline to release the checkpoint lock "
-            "(e.g. 10m; 0: fail at once)."
-        ),
-    ] = "0",
+    wait: WaitOption = "0",
 ) -> None:
     """Z-order Silver, compact the other tables and vacuum (maintenance section of the config).
 
@@ -126,14 +120,9 @@ def optimize(
     """
     from cdcflow.cli.app import console, load
     from cdcflow.cli.progress import working
-    from cdcflow.config import parse_duration
     from cdcflow.engines.local.maintenance import optimize_between_runs
-    from cdcflow.errors import ConfigError
 
-    try:
-        patience = parse_duration(wait)
-    except ValueError as exc:
-        raise ConfigError(f"--wait: {exc}") from None
+    patience = parse_wait(wait)
     cfg = load(config, declared_tables=True)
     with working("optimize", unit="tables") as work:
 

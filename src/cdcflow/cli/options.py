@@ -5,6 +5,7 @@ command classes every command and group uses (:class:`HelpCommand`, :class:`Help
 from __future__ import annotations
 
 import inspect
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +17,31 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="YAML configuration file.", show_default=False)
 ]
+
+
+#: ``--wait``: how long a maintenance command waits for a running pipeline's checkpoint lock.
+WaitOption = Annotated[
+    str,
+    typer.Option(
+        help="How long to wait for a running pipeline to release the checkpoint lock "
+        "(e.g. 10m; 0: fail at once)."
+    ),
+]
+
+
+def parse_wait(wait: str) -> timedelta:
+    """``--wait`` as a :class:`datetime.timedelta`.
+
+    Raises:
+        ConfigError: not a duration (names ``--wait``).
+    """
+    from cdcflow.config import parse_duration
+    from cdcflow.errors import ConfigError
+
+    try:
+        return parse_duration(wait)
+    except ValueError as exc:
+        raise ConfigError(f"--wait: {exc}") from None
 
 
 def unwrap_help(text: str | None) -> str | None:

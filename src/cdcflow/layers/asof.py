@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.delta import scan_table
+from cdcflow.engines.local.delta import log_versions, scan_table
 from cdcflow.errors import CdcflowError, TableError
 from cdcflow.layers.tables import HISTORY, SILVER
 from cdcflow.model.contracts import TableContract
@@ -44,13 +44,9 @@ def _unreadable(config: CdcflowConfig, name: str, version: int | None, exc: Exce
     """Why ``version`` of ``name`` cannot be read: before the earliest version its Delta log
     still holds (a vacuum ended time travel there: ``optimize``, ``cdcflow erase``), after the
     latest, or the error itself."""
-    from cdcflow.state.storage import open_storage
-
     if version is not None:
         try:
-            log_store = open_storage(f"{config.table_uri(name)}/_delta_log", config.storage.options)
-            commits = [int(n.split(".")[0]) for n in log_store.names()
-                       if n.endswith(".json") and n.split(".")[0].isdigit()]  # fmt: skip
+            commits = log_versions(config.table_uri(name), config.storage.options)
         except (OSError, CdcflowError):
             commits = []
         if commits and version < min(commits):

@@ -409,6 +409,17 @@ def _raw_key_filter(
     return expr
 
 
+def _own_filter(
+    layer: _Layer, contract: TableContract, subjects: Sequence[Subject], columns: Iterable[str]
+) -> pl.Expr:
+    """The subjects' own rows of a layer: their key, or in a quarantine layer also a raw line
+    naming it."""
+    own = _key_filter(contract, subjects, columns)
+    if layer.kind in QUARANTINES:
+        own = own | _raw_key_filter(contract, subjects)
+    return own
+
+
 def _raw_keys(text: str, contract: TableContract) -> list[tuple[str, ...]]:
     """The keys a raw line names: every JSON object (at any depth) holding all key columns, or
     for a line that is not JSON the first ``"<key column>": <value>`` of each key column."""
@@ -544,9 +555,9 @@ def _matching_rows(
     texts hold one of ``values``; its column ``_subject`` tells the subjects' own rows)."""
     scan = _scan(table)
     columns = scan.collect_schema().names()
-    match = _key_filter(contract, subjects, columns)
+    match = _own_filter(layer, contract, subjects, columns)
     if layer.kind in QUARANTINES:
-        scan = scan.with_columns((match | _raw_key_filter(contract, subjects)).alias("_subject"))
+        scan = scan.with_columns(match.alias("_subject"))
         match = pl.col("_subject")
         if values:
             # a line naming no key that holds one of the values (a broken line with their
@@ -1104,10 +1115,7 @@ def verify_erasure(
             continue
         scan = _scan(delta)
         columns = scan.collect_schema().names()
-        own = _key_filter(contract, subjects, columns)
-        if layer.kind in QUARANTINES:
-            own = own | _raw_key_filter(contract, subjects)
-        mine = scan.filter(own).collect()
+        mine = scan.filter(_own_filter(layer, contract, subjects, columns)).collect()
         bad = 0
         for column in (c for c in pii if c in mine.columns):
             bad += int(mine[column].is_not_null().sum())
@@ -1124,12 +1132,9 @@ def verify_erasure(
             )
         )
         if layer.name in versions:
-            from cdcflow.state.storage import open_storage
+            from cdcflow.engines.local.delta import log_versions
 
-            log_store = open_storage(f"{config.table_uri(layer.name)}/_delta_log",
-                                     config.storage.options)  # fmt: skip
-            commits = [int(n.split(".")[0]) for n in log_store.names() if n.endswith(".json")
-                       and n.split(".")[0].isdigit()]  # fmt: skip
+            commits = log_versions(config.table_uri(layer.name), config.storage.options)
             earliest = min(commits, default=versions[layer.name])
             checks.append(
                 Check(

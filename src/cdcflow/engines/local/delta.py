@@ -323,6 +323,26 @@ def _scan_via_delta_rs(table: DeltaTable) -> pl.LazyFrame:
     return register_io_source(batches, schema=schema, is_pure=True)
 
 
+def log_versions(uri: str, options: dict[str, str] | None = None) -> list[int]:
+    """The versions whose commit file (``<version>.json``) the table's ``_delta_log`` still
+    holds, sorted: after a vacuum that truncated the log (``cdcflow erase``), the first is
+    where time travel starts.
+
+    Args:
+        uri: the table's URI (local path or object-store URI).
+        options: the storage options (``storage.options``).
+
+    Raises:
+        OSError / CdcflowError: the log cannot be listed.
+    """
+    from cdcflow.state.storage import open_storage
+
+    names = open_storage(f"{uri}/_delta_log", options).names()
+    return sorted(
+        int(n.split(".")[0]) for n in names if n.endswith(".json") and n.split(".")[0].isdigit()
+    )
+
+
 def read_arrow(table: DeltaTable, columns: Sequence[str] | None = None) -> pa.Table:
     """Eager PyArrow read of the table's loaded version (Arrow types kept as stored).
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.delta import arrow_batches, arrow_dataset, read_arrow
+from cdcflow.engines.local.delta import arrow_batches, arrow_dataset, log_versions, read_arrow
 from cdcflow.errors import CdcflowError, ConfigError, TableError
 from cdcflow.logs import get_logger
 from cdcflow.sinks.snowflake.connection import connect, target_of
@@ -384,12 +384,8 @@ def _full_refresh_instead(config: CdcflowConfig, silver: str, synced: int, exc: 
     """Log why an incremental sync becomes a full refresh: at info level when Silver's log
     starts after the synced version (its earlier versions were vacuumed and the log truncated:
     ``cdcflow erase``, an expected case), as a warning otherwise."""
-    from cdcflow.state.storage import open_storage
-
     try:
-        names = open_storage(f"{config.table_uri(silver)}/_delta_log", config.storage.options)
-        commits = [int(n.split(".")[0]) for n in names.names()
-                   if n.endswith(".json") and n.split(".")[0].isdigit()]  # fmt: skip
+        commits = log_versions(config.table_uri(silver), config.storage.options)
     except (OSError, CdcflowError):
         commits = []
     extra = {"from_version": synced, "error_type": type(exc).__name__}
