@@ -234,11 +234,16 @@ def kafka_connect(kafka_broker: str) -> Iterator[str]:
 def emulator() -> Iterator[dict[str, Any]]:
     """The fakesnow HTTP server on a free port of 127.0.0.1, in memory, for the whole session
     (of one xdist worker)."""
-    from cdcflow.sinks.snowflake.connection import start_emulator, stop_emulator
+    from cdcflow.sinks.snowflake.connection import (
+        remove_stage_folders,
+        start_emulator,
+        stop_emulator,
+    )
 
     kwargs = start_emulator(":memory:")
     yield kwargs
     stop_emulator()
+    remove_stage_folders()
 
 
 def require_spark() -> None:

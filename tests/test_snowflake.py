@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
@@ -594,3 +595,29 @@ def test_every_sync_is_recorded_with_its_event_lag_and_status_shows_it(
     text = CliRunner().invoke(app, ["status", *cli])
     assert text.exit_code == 0 and "ACCOUNTS" in text.output, text.output
     assert "2 micro-batches" in text.output
+
+
+def test_the_command_removes_the_emulators_stage_folder(sf_lake: Lake, tmp_path: Path) -> None:
+    """fakesnow makes a stage folder (``fakesnow_bucket_*``) in the temporary folder of every
+    process that imports it and never removes it; a ``cdcflow`` command removes its own."""
+    import subprocess
+    import sys
+
+    first_batch(sf_lake)
+    config = tmp_path / "cdcflow.yaml"
+    config.write_text(
+        f"storage: {{root: '{sf_lake.config.storage.root}'}}\n"
+        f"source: {{path: '{sf_lake.config.source.path}'}}\n"
+        f"checkpoint: {{location: '{sf_lake.config.checkpoint.location}'}}\n"
+        "snowflake: {mode: standalone, emulator: 'on', emulator_path: ':memory:'}\n"
+    )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcflow", "sync", "snowflake", "--config", str(config), "--verify"],
+        env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "snowflake reconciliation: EQUAL" in done.stdout + done.stderr
+    assert not list(temp.glob("fakesnow_bucket_*"))

@@ -309,6 +309,10 @@ def entry() -> None:
             with contextlib.suppress(Exception):
                 stream.flush()
         logging.shutdown()
+        emulator = sys.modules.get("cdcflow.sinks.snowflake.connection")
+        if emulator is not None:  # the exit handlers do not run: remove its stage folders here
+            with contextlib.suppress(Exception):
+                emulator.remove_stage_folders()
     os._exit(code)
 
 

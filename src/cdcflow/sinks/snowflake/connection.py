@@ -10,8 +10,10 @@ memory for the process's lifetime. Only one process at a time can hold a file-ba
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
+import shutil
 import socket
 import threading
 import time
@@ -98,8 +100,14 @@ def start_emulator(db_path: str = MEMORY) -> dict[str, Any]:
 
             # the module, not the ``fakesnow.server`` context manager of the package
             fs_server = importlib.import_module("fakesnow.server")
+            fs_stage = importlib.import_module("fakesnow.transforms.stage")
         except ImportError as exc:
             raise MissingDependencyError(_INSTALL_HINT) from exc
+        # the folder fakesnow makes for its stages' files when imported (/tmp/fakesnow_bucket_*,
+        # one per process, never removed by fakesnow): removed when this process ends
+        if not _stage_folders:
+            atexit.register(remove_stage_folders)
+        _stage_folders.add(fs_stage.LOCAL_BUCKET_PATH)
         import logging
 
         logging.getLogger("fakesnow.server").setLevel(logging.WARNING)
@@ -131,6 +139,21 @@ def start_emulator(db_path: str = MEMORY) -> dict[str, Any]:
         _emulator = _Emulator(db_path, port, server, thread)
         log.info("snowflake emulator started", extra={"port": port, "in_memory": db_path == MEMORY})
         return _emulator.kwargs()
+
+
+#: The emulator's stage folders of this process (:func:`remove_stage_folders`).
+_stage_folders: set[str] = set()
+
+
+def remove_stage_folders() -> None:
+    """Remove the folders where this process's emulator kept its stages' files.
+
+    Registered with :mod:`atexit` when the emulator starts; the ``cdcflow`` command, which
+    leaves with ``os._exit`` (no exit handlers), calls it itself. Nothing is lost: fakesnow
+    makes a new, empty folder in each process.
+    """
+    while _stage_folders:
+        shutil.rmtree(_stage_folders.pop(), ignore_errors=True)
 
 
 def stop_emulator() -> None:
