@@ -293,19 +293,27 @@ def test_read_state_is_shaped_like_silver(sf_lake: Lake) -> None:
     assert frame.to_dicts() == silver.to_dicts()
 
 
+def standalone_config(lake: Lake, folder: Path, *snowflake: str) -> Path:
+    """``folder``/cdcflow.yaml: ``lake``'s pipeline with a standalone Snowflake sync to an
+    in-memory emulator of the command's own (``snowflake``: more keys of that section)."""
+    config = folder / "cdcflow.yaml"
+    section = ", ".join(
+        ["mode: standalone", *snowflake, "emulator: 'on'", "emulator_path: ':memory:'"]
+    )
+    config.write_text(
+        f"storage: {{root: '{lake.config.storage.root}'}}\n"
+        f"source: {{path: '{lake.config.source.path}'}}\n"
+        f"checkpoint: {{location: '{lake.config.checkpoint.location}'}}\n"
+        f"snowflake: {{{section}}}\n"
+    )
+    return config
+
+
 def test_cli_sync_verify(sf_lake: Lake, tmp_path: Path) -> None:
     from cdcflow.cli.app import app
 
     first_batch(sf_lake)
-    sf = sf_lake.config.snowflake
-    config = tmp_path / "cdcflow.yaml"
-    config.write_text(
-        f"storage: {{root: '{sf_lake.config.storage.root}'}}\n"
-        f"source: {{path: '{sf_lake.config.source.path}'}}\n"
-        f"checkpoint: {{location: '{sf_lake.config.checkpoint.location}'}}\n"
-        f"snowflake: {{mode: standalone, database: {sf.database}, emulator: 'on', "
-        "emulator_path: ':memory:'}\n"
-    )
+    config = standalone_config(sf_lake, tmp_path, f"database: {sf_lake.config.snowflake.database}")
     result = CliRunner().invoke(app, ["sync", "snowflake", "--config", str(config), "--verify"])
     assert result.exit_code == 0, result.output
     assert "snowflake reconciliation: EQUAL" in result.output
@@ -604,13 +612,7 @@ def test_the_command_removes_the_emulators_stage_folder(sf_lake: Lake, tmp_path:
     import sys
 
     first_batch(sf_lake)
-    config = tmp_path / "cdcflow.yaml"
-    config.write_text(
-        f"storage: {{root: '{sf_lake.config.storage.root}'}}\n"
-        f"source: {{path: '{sf_lake.config.source.path}'}}\n"
-        f"checkpoint: {{location: '{sf_lake.config.checkpoint.location}'}}\n"
-        "snowflake: {mode: standalone, emulator: 'on', emulator_path: ':memory:'}\n"
-    )
+    config = standalone_config(sf_lake, tmp_path)
     temp = tmp_path / "tmp"
     temp.mkdir()
     done = subprocess.run(
