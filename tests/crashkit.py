@@ -23,6 +23,9 @@ What is compared, and what is not:
   every event lag far from ``late_event_threshold`` (24 h) and the future event far past
   ``max_clock_skew``, so ``is_late`` and the rejections do not depend on the few seconds between
   the runs.
+* Between a run of each engine only, not compared either: batch_log ``silver_files_rewritten``
+  (:data:`ENGINE_COLUMNS`: each engine lays Silver out in files of its own). Between two runs of
+  one engine it is compared: a re-run reads it from the MERGE commit the killed run wrote.
 * The Delta version of every table (a re-run that wrote a commit twice, even an empty one,
   would show), the checkpoint (offsets of every batch: file names and byte counts; a commit
   marker each; nothing pending) and the reference fold (``Lake.expected()``) for Silver.
@@ -242,6 +245,9 @@ CLOCK_COLUMNS = {
     OUTCOMES: ("lag_s",),
     BATCH_LOG: ("started_at", "duration_ms", "max_event_lag_s", "spark_jobs", "stage_seconds"),
 }
+#: Columns that follow an engine's file layout: equal between two runs of one engine (a re-run
+#: reads them from the commits the crashed run wrote), compared across engines only when asked.
+ENGINE_COLUMNS = {BATCH_LOG: ("silver_files_rewritten",)}
 COMPARED = (
     SILVER,
     TOMBSTONES,
@@ -262,10 +268,12 @@ def processing_times(lake: AnyLake) -> dict[int, datetime]:
     return {b: checkpoint.offsets(b).processing_time for b in batches}
 
 
-def comparable(lake: AnyLake, name: str) -> list[dict[str, Any]]:
+def comparable(lake: AnyLake, name: str, across_engines: bool = False) -> list[dict[str, Any]]:
     """The rows of table ``name`` as compared between two runs (sorted, clock columns dropped,
-    landing paths reduced to file names, processing times in details replaced)."""
-    frame = lake.table(name).drop(CLOCK_COLUMNS.get(name, ()))
+    landing paths reduced to file names, processing times in details replaced; with
+    ``across_engines``, the :data:`ENGINE_COLUMNS` dropped too)."""
+    dropped = CLOCK_COLUMNS.get(name, ()) + (ENGINE_COLUMNS.get(name, ()) if across_engines else ())
+    frame = lake.table(name).drop(dropped)
     if "source_file" in frame.columns:
         frame = frame.with_columns(
             pl.col("source_file").map_elements(lambda p: Path(p).name, return_dtype=pl.String)
@@ -329,14 +337,16 @@ def checkpoint_state(lake: AnyLake) -> dict[str, Any]:
     }
 
 
-def snapshot(lake: AnyLake) -> dict[str, Any]:
+def snapshot(lake: AnyLake, across_engines: bool = False) -> dict[str, Any]:
     """Everything :func:`assert_same_lake` compares: table name → :func:`comparable` rows, plus
-    ``versions`` and ``checkpoint``."""
-    tables: dict[str, Any] = {name: comparable(lake, name) for name in COMPARED}
+    ``versions`` and ``checkpoint`` (``across_engines``: for a lake of the other engine)."""
+    tables: dict[str, Any] = {name: comparable(lake, name, across_engines) for name in COMPARED}
     return {**tables, "versions": versions(lake), "checkpoint": checkpoint_state(lake)}
 
 
-def assert_same_tables(lake: AnyLake, reference: dict[str, Any]) -> None:
+def assert_same_tables(
+    lake: AnyLake, reference: dict[str, Any], across_engines: bool = False
+) -> None:
     """``lake`` (recovered from a crash) holds what the uninterrupted run holds.
 
     See the module docstring for what is compared; also checks the processing-time columns of
@@ -345,8 +355,10 @@ def assert_same_tables(lake: AnyLake, reference: dict[str, Any]) -> None:
     Args:
         lake: the recovered lake.
         reference: :func:`snapshot` of the uninterrupted run.
+        across_engines: the reference is a run of the other engine (its snapshot taken with
+            ``across_engines`` too).
     """
-    got = snapshot(lake)
+    got = snapshot(lake, across_engines)
     for name in reference:
         assert got[name] == reference[name], name
     if _mode(lake) == "soft":
@@ -357,9 +369,9 @@ def assert_same_tables(lake: AnyLake, reference: dict[str, Any]) -> None:
     )
 
 
-def assert_same_lake(lake: Lake, reference: dict[str, Any]) -> None:
+def assert_same_lake(lake: Lake, reference: dict[str, Any], across_engines: bool = False) -> None:
     """:func:`assert_same_tables`, and Silver (and tombstones) equal ``lake.expected()``."""
-    assert_same_tables(lake, reference)
+    assert_same_tables(lake, reference, across_engines)
     expected = lake.expected()
     assert lake.silver() == expected.rows
     if lake.mode == "hard":

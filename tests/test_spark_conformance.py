@@ -172,6 +172,10 @@ def test_scenarios_match_local_engine(
     jobs = log["spark_jobs"].to_list()
     assert all(n > 0 for n in jobs) and sum(jobs) <= jobs_run, (jobs, jobs_run)
     assert local.table("audit/batch_log")["spark_jobs"].null_count() == 2
+    # Silver files rewritten, from each engine's MERGE commits: none in batch 0 (empty Silver)
+    for lake in (local, other):
+        rewritten = lake.table("audit/batch_log").sort("batch_id")["silver_files_rewritten"]
+        assert rewritten.null_count() == 0 and rewritten[0] == 0, rewritten.to_list()
     assert (
         log["quarantined"].to_list()
         == local.table("audit/batch_log").sort("batch_id")["quarantined"].to_list()

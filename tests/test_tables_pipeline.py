@@ -310,6 +310,11 @@ def test_two_tables_typed_and_composite_keys(tmp_path: Path) -> None:
         (10, 4, 6),
         (5, 5, 0),
     ]
+    # Silver files rewritten: none in batch 0 (empty tables); the batch's = its tables' sum
+    assert [r["silver_files_rewritten"] for r in log if r["batch_id"] == 0] == [0, 0]
+    assert [r["silver_files_rewritten"] for r in batch_log] == [
+        sum(r["silver_files_rewritten"] for r in log if r["batch_id"] == b) for b in (0, 1)
+    ]
     # what became of each accepted delivery, per table (the customers engine's outcomes)
     outcomes = {
         (r["batch_id"], r["event_id"], r["outcome"])

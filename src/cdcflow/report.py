@@ -38,6 +38,10 @@ class BatchReport:
         spark_jobs: Spark jobs the micro-batch ran up to its ``audit/batch_log`` row (that
             row's own append not counted); None for the local engine.
         stage_seconds: seconds spent per stage (stored as JSON text).
+        silver_files_rewritten: Silver data files the micro-batch's MERGE rewrote (removed and
+            wrote anew: Delta MERGE is copy-on-write), from the MERGE commit's metrics; 0 when
+            the micro-batch did not change Silver; with declared tables, the sum over their
+            Silver tables; None for a replay or when the commit no longer tells.
     """
 
     batch_id: int
@@ -62,6 +66,7 @@ class BatchReport:
     snowflake_sync_lag_s: float | None = None
     spark_jobs: int | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    silver_files_rewritten: int | None = None
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:

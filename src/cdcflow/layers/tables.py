@@ -163,6 +163,7 @@ BATCH_LOG = TableSpec(
             pa.field("snowflake_sync_lag_s", pa.float64()),
             pa.field("spark_jobs", pa.int64()),
             pa.field("stage_seconds", pa.string()),  # JSON: stage name -> seconds
+            pa.field("silver_files_rewritten", pa.int64()),
         ]
     ),
 )

@@ -64,6 +64,7 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
+    merge_files_rewritten,
     read_where_in,
     scan_table,
     txn_done,
@@ -201,6 +202,7 @@ TABLE_BATCH_LOG = TableSpec(
                     "updates",
                     "deletes",
                     "silver_version",
+                    "silver_files_rewritten",
                 )
             ),
         ]
@@ -222,6 +224,14 @@ class TableReport:
     updates: int = 0
     deletes: int = 0
     silver_version: int | None = None
+    silver_files_rewritten: int | None = None
+
+
+def files_rewritten(reports: Sequence[TableReport]) -> int | None:
+    """The micro-batch's ``audit/batch_log.silver_files_rewritten``: the sum over its declared
+    tables (None when a table's count is unknown)."""
+    counts = [r.silver_files_rewritten for r in reports]
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 @dataclass
@@ -533,7 +543,9 @@ class ContractTable:
             crash_point("after_silver", batch_id)
             self._merge_history(events, batch_id)
             crash_point("after_history", batch_id)
-        report.silver_version = self.store.table(self.tables.silver).version()
+        silver = self.store.table(self.tables.silver)
+        report.silver_version = silver.version()
+        report.silver_files_rewritten = merge_files_rewritten(silver, self.app_id, batch_id)
         self._write_outcomes(offsets, bronze, targets, tombstones, totals, events)
         crash_point("after_outcomes", batch_id)
 
@@ -1022,6 +1034,7 @@ class LocalContractsEngine:
             report.inserts = sum(r.inserts for r in reports)
             report.updates = sum(r.updates for r in reports)
             report.deletes = sum(r.deletes for r in reports)
+            report.silver_files_rewritten = files_rewritten(reports)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
             log_row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
             append_once(self.store.table(BATCH_LOG), log_row, self.app_id, batch_id, BATCH_LOG)

@@ -202,6 +202,42 @@ def txn_done(table: DeltaTable, app_id: str, version: int) -> bool:
     return current is not None and current >= version
 
 
+#: How many of a table's newest commits :func:`merge_files_rewritten` looks through for the
+#: micro-batch's MERGE (after it only maintenance commits can follow before the batch's audit).
+_MERGE_LOOKBACK = 20
+
+
+def merge_files_rewritten(table: DeltaTable, app_id: str, batch_id: int) -> int | None:
+    """Data files the micro-batch's MERGE into ``table`` removed (rewrote whole), from its commit.
+
+    delta-rs and Delta Lake both write MERGE as copy-on-write: every file holding a matched row
+    is read and rewritten, and the commit's ``operationMetrics`` counts them
+    (``num_target_files_removed`` in a delta-rs commit, ``numTargetFilesRemoved`` in a Delta
+    Lake / Spark one). The number is read from the commit, not from the call, so a re-run after
+    a crash reports what the committed MERGE did.
+
+    Args:
+        table: the Silver table, at a version after the micro-batch's MERGE.
+        app_id: the app transaction id of the micro-batch's writes.
+        batch_id: the micro-batch id.
+
+    Returns:
+        0 when the table holds no commit of ``(app_id, batch_id)`` (the micro-batch changed
+        nothing there); else the count of the newest MERGE commit (the micro-batch's: a later
+        one can only be a later micro-batch's, and those run after this one's audit); None
+        when that commit is not among the newest ``_MERGE_LOOKBACK`` or has no such metric.
+    """
+    if not txn_done(table, app_id, batch_id):
+        return 0
+    for commit in table.history(_MERGE_LOOKBACK):
+        if commit.get("operation") != "MERGE":
+            continue
+        metrics = commit.get("operationMetrics") or {}
+        value = metrics.get("num_target_files_removed", metrics.get("numTargetFilesRemoved"))
+        return None if value is None else int(value)
+    return None
+
+
 def commit_props(app_id: str, version: int) -> CommitProperties:
     """Commit properties carrying the app transaction (app_id, version)."""
     return CommitProperties(app_transactions=[Transaction(app_id=app_id, version=version)])

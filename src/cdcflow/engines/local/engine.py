@@ -39,6 +39,7 @@ from cdcflow.engines.local.batch_frame import (
 from cdcflow.engines.local.delta import (
     DeltaStore,
     append_once,
+    merge_files_rewritten,
     read_where_in,
     txn_done,
 )
@@ -276,7 +277,9 @@ class LocalEngine:
             crash_point("after_silver_merge", batch_id)
             if self.mode == "hard":
                 self._merge_tombstones(events, offsets)
-            report.silver_version = self.store.table(SILVER).version()
+            silver = self.store.table(SILVER)
+            report.silver_version = silver.version()
+            report.silver_files_rewritten = merge_files_rewritten(silver, self.app_id, batch_id)
         crash_point("after_silver", batch_id)
 
         with report.stage("history"):  # SCD2 timeline of the touched keys, then Gold/maintenance

@@ -53,9 +53,11 @@ from cdcflow.engines.local.contracts import (
     TableReport,
     evolution,
     evolve_tables,
+    files_rewritten,
     known_fields,
     open_tables,
 )
+from cdcflow.engines.local.delta import merge_files_rewritten
 from cdcflow.engines.spark.engine import (
     SparkEngine,
     check_source,
@@ -516,6 +518,7 @@ class SparkContractsEngine(SparkEngine):
             report.inserts = sum(r.inserts for r in reports)
             report.updates = sum(r.updates for r in reports)
             report.deletes = sum(r.deletes for r in reports)
+            report.silver_files_rewritten = files_rewritten(reports)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
             report.spark_jobs = self._jobs_so_far()
             self._append_rows([report.row()], BATCH_LOG, batch_id)
@@ -787,7 +790,9 @@ class SparkContractsEngine(SparkEngine):
             crash_point("after_silver", batch_id)
             self._table_history(contract, tables, keys, batch_id)
             crash_point("after_history", batch_id)
-        report.silver_version = self.store.table(tables.silver).version()
+        silver = self.store.table(tables.silver)
+        report.silver_version = silver.version()
+        report.silver_files_rewritten = merge_files_rewritten(silver, self.app_id, batch_id)
         if report.accepted:
             self._table_outcomes(contract, tables, bronze, offsets, totals, changes)
         crash_point("after_outcomes", batch_id)

@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.delta import DeltaStore, nothing_expired, txn_done
+from cdcflow.engines.local.delta import (
+    DeltaStore,
+    merge_files_rewritten,
+    nothing_expired,
+    txn_done,
+)
 from cdcflow.errors import CheckpointError, ConfigError, LandingFileChangedError
 from cdcflow.layers.tables import (
     ALL_TABLES,
@@ -501,7 +506,9 @@ class SparkEngine:
                 self._merge_tombstones(events, processing_time, batch_id)
             if self.mode == "hard":
                 self._purge_tombstones(processing_time, batch_id)
-            report.silver_version = self.store.table(SILVER).version()
+            silver = self.store.table(SILVER)
+            report.silver_version = silver.version()
+            report.silver_files_rewritten = merge_files_rewritten(silver, self.app_id, batch_id)
         crash_point("after_silver", batch_id)
 
         with stage("history"):  # SCD2 timeline of the touched keys
