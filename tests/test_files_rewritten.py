@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from cdcflow.engines.local.delta import merge_files_rewritten
 from tests.conftest import Lake, ev, full
@@ -63,3 +63,20 @@ def test_the_count_is_read_from_the_batchs_commit(tmp_path: Path) -> None:
     assert merge_files_rewritten(silver, "another-app", 1) == 0
     log = lake.table("audit/batch_log").sort("batch_id")
     assert log.filter(pl.col("batch_id") == 1)["silver_files_rewritten"].item() == 1
+
+
+def test_a_batch_log_written_before_the_column_gets_it(tmp_path: Path) -> None:
+    """A lakehouse of an earlier cdcflow (no ``silver_files_rewritten``): the next run adds the
+    column (null in the earlier rows) and fills it for its micro-batches."""
+    lake = Lake(tmp_path, max_files=1)
+    lake.write(ev(f"I{k}", k, "INSERT", 10, **full()) for k in keys(1000, 3))
+    lake.run()
+    uri = lake.config.table_uri("audit/batch_log")
+    earlier = lake.table("audit/batch_log").drop("silver_files_rewritten")
+    write_deltalake(uri, earlier.to_arrow(), mode="overwrite", schema_mode="overwrite")
+    assert "silver_files_rewritten" not in lake.table("audit/batch_log").columns
+    lake.write([ev("U1", "C-1001", "UPDATE", 20, city="Pune")])
+    lake.run()
+    log = lake.table("audit/batch_log").sort("batch_id")
+    assert log["silver_files_rewritten"].to_list() == [None, 1]
+    assert lake.silver() == lake.expected().rows
