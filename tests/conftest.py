@@ -152,7 +152,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The controller stops what the fixtures started (Connect before its broker: last first)."""
+    """Every process removes the stage folder fakesnow made when a test imported it
+    (``/tmp/fakesnow_bucket_*``; an xdist worker leaves with ``os._exit``, so no exit handler
+    runs); the controller then stops what the fixtures started (Connect before its broker:
+    last first)."""
+    import shutil
+    import sys
+
+    stage = sys.modules.get("fakesnow.transforms.stage")
+    if stage is not None:
+        shutil.rmtree(stage.LOCAL_BUCKET_PATH, ignore_errors=True)
     if not _is_controller(session.config) or not STOPS_FILE.exists():
         return
     stops = [json.loads(line) for line in STOPS_FILE.read_text().splitlines() if line]
