@@ -464,3 +464,126 @@ def test_an_erasure_during_a_replay_rebuild_leaves_no_shadow(tmp_path: Path) -> 
     assert erased
     assert files_holding([tmp_path / "lake" / "_shadow"], VALUES) == []
     assert files_holding(lake_files(lake), VALUES) == []
+
+
+def declared_table(tmp_path: Path, columns: list[dict[str, Any]], keys: list[str]) -> Path:
+    """A pipeline of one declared table ``t`` (flat records under ``landing/``): its config."""
+    (tmp_path / "landing").mkdir(parents=True)
+    (tmp_path / "t.yaml").write_text(
+        yaml.safe_dump({"name": "t", "keys": keys, "columns": columns})
+    )
+    config = tmp_path / "cdcflow.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline": {"name": "p"},
+                "storage": {"root": str(tmp_path / "lake")},
+                "source": {"type": "files", "format": "flat", "path": str(tmp_path / "landing")},
+                "checkpoint": {"location": str(tmp_path / "lake" / "_checkpoints" / "p")},
+                "tables": [str(tmp_path / "t.yaml")],
+            }
+        )
+    )
+    return config
+
+
+def test_a_pii_column_read_from_another_field(tmp_path: Path) -> None:
+    """``owner`` is read from the record field ``owner_name`` (``source:``) and a json column
+    holds a nested key ``owner`` that is not personal data: erasure nulls ``owner_name`` in the
+    raw payload and keeps the json column as it was, so a replay rebuilds the erased Silver."""
+    config = declared_table(
+        tmp_path,
+        [
+            {"name": "id", "type": "integer"},
+            {"name": "owner", "type": "string", "pii": True, "source": "owner_name"},
+            {"name": "attributes", "type": "json"},
+        ],
+        ["id"],
+    )
+    record = {
+        "event_id": "e1", "operation": "INSERT", "event_timestamp": "2025-01-01T00:00:00Z",
+        "id": 1, "owner_name": "Ann Secret", "attributes": {"owner": "team-x"},
+        "metadata": {"lsn": "100", "source_table": "t"},
+    }  # fmt: skip
+    (tmp_path / "landing" / "f1.jsonl").write_text(json.dumps(record) + "\n")
+    assert cli("run", "--config", str(config)).returncode == 0
+    erased = cli("erase", "--config", str(config), "--table", "t", "--key", "1", "--yes")
+    assert erased.returncode == 0, erased.stderr[-2000:]
+    assert files_holding([tmp_path / "lake"], ("Ann Secret",)) == []
+    verify = ("--table", "t", "--verify", "--key", "1", "--value", "Ann Secret")
+    checked = cli("erase", "--config", str(config), *verify)
+    assert checked.returncode == 0, checked.stdout[-2000:]
+    replayed = cli("replay", "--config", str(config), "--verify")
+    assert replayed.returncode == 0, replayed.stdout[-2000:] + replayed.stderr[-2000:]
+    silver = pl.read_delta(str(tmp_path / "lake" / "silver" / "t")).to_dicts()
+    assert [(r["id"], r["owner"], json.loads(r["attributes"])) for r in silver] == [
+        (1, None, {"owner": "team-x"})
+    ]
+
+
+def test_a_required_pii_column_and_a_pii_key(tmp_path: Path) -> None:
+    """``owner`` is ``nullable: false`` and the key ``email`` is marked pii: erasure nulls
+    ``owner`` and keeps the key; the replay takes the erased INSERT (its null owner is the
+    erasure's, not the source's) and rebuilds the row with its other columns; a later event
+    of the subject and another key's go on; a table whose only pii column is its key has
+    nothing to erase (exit 2, nothing written)."""
+    config = declared_table(
+        tmp_path,
+        [
+            {"name": "email", "type": "string", "pii": True},
+            {"name": "owner", "type": "string", "pii": True, "nullable": False},
+            {"name": "city", "type": "string"},
+        ],
+        ["email"],
+    )
+
+    def record(event_id: str, operation: str, lsn: int, **fields: Any) -> str:
+        return json.dumps(
+            {
+                "event_id": event_id, "operation": operation,
+                "event_timestamp": "2025-01-01T00:00:00Z", **fields,
+                "metadata": {"lsn": str(lsn), "source_table": "t"},
+            }
+        )  # fmt: skip
+
+    landing = tmp_path / "landing"
+    (landing / "f1.jsonl").write_text(
+        record("e1", "INSERT", 100, email="ann@x.com", owner="Ann Secret", city="Paris")
+        + "\n"
+        + record("e2", "INSERT", 101, email="bob@x.com", owner="Bob Kept", city="Nice")
+        + "\n"
+    )
+    assert cli("run", "--config", str(config)).returncode == 0
+    erased = cli("erase", "--config", str(config), "--table", "t", "--key", "ann@x.com", "--yes")
+    assert erased.returncode == 0, erased.stderr[-2000:]
+    assert files_holding([tmp_path / "lake"], ("Ann Secret",)) == []
+    (landing / "f2.jsonl").write_text(
+        record("e3", "UPDATE", 200, email="ann@x.com", city="Lyon")
+        + "\n"
+        + record("e4", "INSERT", 201, email="cy@x.com", owner="Cy", city="Nantes")
+        + "\n"
+    )
+    assert cli("run", "--config", str(config)).returncode == 0
+    replayed = cli("replay", "--config", str(config), "--verify")
+    assert replayed.returncode == 0, replayed.stdout[-2000:] + replayed.stderr[-2000:]
+    assert "0 rejected on replay" in replayed.stdout
+    silver = pl.read_delta(str(tmp_path / "lake" / "silver" / "t")).sort("email")
+    assert silver.select("email", "owner", "city").rows() == [
+        ("ann@x.com", None, "Lyon"),
+        ("bob@x.com", "Bob Kept", "Nice"),
+        ("cy@x.com", "Cy", "Nantes"),
+    ]
+
+    only_key = declared_table(
+        tmp_path / "only-key",
+        [{"name": "email", "type": "string", "pii": True}, {"name": "city", "type": "string"}],
+        ["email"],
+    )
+    (tmp_path / "only-key" / "landing" / "f1.jsonl").write_text(
+        record("e1", "INSERT", 100, email="ann@x.com", city="Paris") + "\n"
+    )
+    assert cli("run", "--config", str(only_key)).returncode == 0
+    refused = cli("erase", "--config", str(only_key), "--table", "t", "--key", "ann@x.com", "--yes")
+    assert refused.returncode == 2, refused.stderr
+    assert "only pii columns are key columns" in refused.stderr
+    assert not (tmp_path / "only-key" / "lake" / "audit" / "erasure_log").exists()

@@ -133,6 +133,30 @@ def _truncate_records(config: CdcflowConfig, table: str, until: datetime | None)
     return frame.filter(keep).select("raw_payload", "ingested_at")
 
 
+def replay_rules(contract: TableContract) -> TableContract:
+    """The contract Bronze's first copies are re-validated with: ``contract`` with the columns
+    erasure nulls (:func:`cdcflow.layers.erasure.erased_columns`) neither required nor
+    NOT NULL.
+
+    Every first copy passed the contract when it was accepted; an erasure then set its PII
+    fields to null in the raw payload (docs/erasure.md). Re-validating that null against
+    ``nullable: false`` or ``required_on_insert`` would reject the event on replay and drop
+    the subject's row with its other columns; the live Silver keeps them with the PII null.
+    """
+    from cdcflow.layers.erasure import erased_columns
+
+    erased = {c.name for c in erased_columns(contract)}
+    if not erased:
+        return contract
+    columns = tuple(
+        c.model_copy(update={"nullable": True, "required_on_insert": False})
+        if c.name in erased
+        else c
+        for c in contract.columns
+    )
+    return contract.model_copy(update={"columns": columns})
+
+
 def replay_table(
     config: CdcflowConfig, contract: TableContract, to_version: int | None = None
 ) -> TableReplay:
@@ -163,10 +187,11 @@ def replay_table(
     if contract.truncate == "apply":  # the table's truncates are kept beside its Bronze
         last = read.select(pl.col("ingested_at").max()).item()
         records = pl.concat([records, _truncate_records(config, contract.name, last)])
+    rules = replay_rules(contract)
     for raw, ingested_at in records.iter_rows():
         validator = validators.get(ingested_at)
         if validator is None:
-            validator = validators[ingested_at] = ContractValidator(contract, ingested_at, skew)
+            validator = validators[ingested_at] = ContractValidator(rules, ingested_at, skew)
         decoded = router.decode_raw(contract.name, raw) if router.decodes else None
         if decoded is None:
             event = validator.validate(raw)
@@ -204,4 +229,4 @@ def replay_tables(config: CdcflowConfig, to_version: int | None = None) -> list[
     return [replay_table(config, c, to_version) for c in held_contracts(config)]
 
 
-__all__ = ["TableReplay", "held_contracts", "replay_table", "replay_tables"]
+__all__ = ["TableReplay", "held_contracts", "replay_rules", "replay_table", "replay_tables"]

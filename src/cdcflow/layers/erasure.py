@@ -83,7 +83,7 @@ from cdcflow.config import CdcflowConfig
 from cdcflow.errors import CdcflowError, ConfigError
 from cdcflow.layers.tables import TS, TableSpec
 from cdcflow.logs import get_logger
-from cdcflow.model.contracts import TableContract
+from cdcflow.model.contracts import ColumnSpec, TableContract
 from cdcflow.state.faults import crash_point
 
 log = get_logger("erasure")
@@ -249,21 +249,59 @@ def find_contract(config: CdcflowConfig, table: str) -> TableContract:
         )
     if not [c for c in contract.columns if c.pii]:
         raise ErasureError(f"--table {table}: its contract marks no column pii: nothing to erase")
+    if not erased_columns(contract):
+        raise ErasureError(
+            f"--table {table}: its only pii columns are key columns, which erasure keeps "
+            "(the key keeps the pipeline correct): nothing to erase"
+        )
     return contract
 
 
+def erased_columns(contract: TableContract) -> list[ColumnSpec]:
+    """The columns erasure sets to null: the contract's ``pii`` columns but its keys (a key is
+    kept in every table: it is what keeps the pipeline correct; a key that is personal data
+    takes a surrogate in the source, docs/erasure.md)."""
+    return [c for c in contract.columns if c.pii and c.name not in contract.keys]
+
+
 # ------------------------------------------------------------------ redaction of values and texts
-def _redact_json(value: Any, names: set[str], values: Sequence[str]) -> Any:
+def _map_pii(
+    value: Any,
+    paths: frozenset[tuple[str, ...]],
+    data: frozenset[str],
+    leaf: Callable[[Any], Any],
+    text: Callable[[str], str],
+    pending: frozenset[tuple[str, ...]] = frozenset(),
+) -> Any:
+    """``value`` (parsed JSON) with each non-null PII field's value replaced by ``leaf(value)``
+    and every other string by ``text(string)``.
+
+    A PII field is one of ``paths`` (a record field, split on ``.``), found wherever it starts:
+    at the top or at any depth (a Debezium ``after``/``before``, a DMS ``data`` hold the record).
+    ``pending``: the rest of paths begun in an enclosing object. Inside the value of a ``data``
+    field (a non-PII column's own field, e.g. a json column) no path starts anew: a nested key
+    that merely shares a PII field's name is data, not the PII column.
+    """
     if isinstance(value, dict):
-        return {
-            k: (None if k in names and v is not None else _redact_json(v, names, values))
-            for k, v in value.items()
-        }
+        here = paths | pending
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if (key,) in here and item is not None:
+                out[key] = leaf(item)
+                continue
+            inner = frozenset(p[1:] for p in here if len(p) > 1 and p[0] == key)
+            starts: frozenset[tuple[str, ...]] = frozenset() if key in data else paths
+            out[key] = _map_pii(item, starts, data, leaf, text, inner)
+        return out
     if isinstance(value, list):
-        return [_redact_json(v, names, values) for v in value]
+        return [_map_pii(v, paths, data, leaf, text, pending) for v in value]
     if isinstance(value, str):
-        return _redact_plain(value, values)
+        return text(value)
     return value
+
+
+def _paths(names: Iterable[str]) -> frozenset[tuple[str, ...]]:
+    return frozenset(tuple(name.split(".")) for name in names)
 
 
 def _redact_plain(text: str, values: Sequence[str]) -> str:
@@ -274,19 +312,27 @@ def _redact_plain(text: str, values: Sequence[str]) -> str:
 
 
 def redact_text(
-    text: str | None, names: set[str], values: Sequence[str], elsewhere: bool = True
+    text: str | None,
+    names: set[str],
+    values: Sequence[str],
+    elsewhere: bool = True,
+    data: frozenset[str] = frozenset(),
 ) -> str | None:
-    """``text`` without personal data: a JSON text with every field named in ``names`` set to
-    null (at any depth) and, with ``elsewhere``, every occurrence of one of ``values`` inside
-    its other strings replaced by :data:`REDACTED`, written back compactly; any other text with
-    those occurrences replaced (also inside JSON-escaped strings).
+    """``text`` without personal data: a JSON text with every PII field in ``names`` set to
+    null (found at any depth) and, with ``elsewhere``, every occurrence of one of ``values``
+    inside its other strings replaced by :data:`REDACTED`, written back compactly; any other text
+    with those occurrences replaced (also inside JSON-escaped strings).
 
     Args:
         text: a raw payload, raw line or failure detail (None stays None).
-        names: the contract's PII column names.
+        names: the record fields the contract's PII columns are read from
+            (:attr:`~cdcflow.model.contracts.ColumnSpec.field`: its ``source``, a dotted path,
+            or its name).
         values: the subject's PII values (longest first).
         elsewhere: also replace the values inside a JSON text's other fields (False for
             Bronze's raw payload, whose non-PII fields must stay as the columns hold them).
+        data: the fields of the contract's other columns: inside their values no PII field is
+            looked for (a json column's nested key named like a PII field is kept).
     """
     if text is None:
         return None
@@ -296,9 +342,27 @@ def redact_text(
         parsed = None
     if isinstance(parsed, dict | list):
         kept = values if elsewhere else ()
-        return json.dumps(_redact_json(parsed, names, kept), ensure_ascii=False)
+        redacted = _map_pii(
+            parsed, _paths(names), data, lambda _: None, lambda t: _redact_plain(t, kept)
+        )
+        return json.dumps(redacted, ensure_ascii=False)
     escaped = [json.dumps(v, ensure_ascii=False)[1:-1] for v in values]
     return _redact_plain(_redact_plain(text, values), escaped)
+
+
+def pii_fields(contract: TableContract) -> tuple[set[str], frozenset[str]]:
+    """(the record fields of the columns erasure nulls (:func:`erased_columns`), the top-level
+    fields of the other columns that no such field is read from inside): the ``names`` and
+    ``data`` of :func:`redact_text`."""
+    erased = erased_columns(contract)
+    fields = {c.field for c in erased}
+    heads = {f.split(".")[0] for f in fields}
+    data = frozenset(
+        head
+        for c in contract.columns
+        if c not in erased and (head := c.field.split(".")[0]) not in heads
+    )
+    return fields, data
 
 
 # ------------------------------------------------------------------ the tables
@@ -315,7 +379,7 @@ class _Layer:
 
 def _layers(contract: TableContract) -> list[_Layer]:
     names = contract.table_names
-    pii = tuple(c.name for c in contract.columns if c.pii)
+    pii = tuple(c.name for c in erased_columns(contract))
     keys = tuple(contract.keys)
     return [
         # quarantine first: its rows are found by the PII values the others still hold
@@ -504,7 +568,8 @@ def _pii_values(
     """The subjects' PII values the tables still hold (Bronze's columns and raw payloads'
     PII fields, Silver, history), as texts of at least :data:`MIN_VALUE_LENGTH` characters,
     longest first. Kept in memory only: never logged nor written."""
-    pii = [c.name for c in contract.columns if c.pii]
+    pii = [c.name for c in erased_columns(contract)]
+    fields = pii_fields(contract)
     found: set[str] = set()
     for layer in _layers(contract)[1:]:
         table = _open(config, layer.name)
@@ -521,7 +586,7 @@ def _pii_values(
             if column not in rows.columns:
                 continue
             for text in rows[column].drop_nulls().to_list():
-                _collect_fields(_loads(text), set(pii), found)
+                _collect_fields(_loads(text), fields, found)
     return sorted((v for v in found if len(v.strip()) >= MIN_VALUE_LENGTH), key=len, reverse=True)
 
 
@@ -532,16 +597,23 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _collect_fields(value: Any, names: set[str], found: set[str]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k in names and v is not None and not isinstance(v, dict | list):
-                found.add(str(v))
-            else:
-                _collect_fields(v, names, found)
-    elif isinstance(value, list):
-        for v in value:
-            _collect_fields(v, names, found)
+def _collect_fields(value: Any, pii: tuple[set[str], frozenset[str]], found: set[str]) -> None:
+    """Add to ``found`` the non-null values of the PII fields in ``value`` (parsed JSON; ``pii``:
+    :func:`pii_fields`); of a nested value (a json PII column), every scalar inside it."""
+
+    def take(item: Any) -> Any:
+        if isinstance(item, dict):
+            for inner in item.values():
+                take(inner)
+        elif isinstance(item, list):
+            for inner in item:
+                take(inner)
+        elif item is not None:
+            found.add(str(item))
+        return item
+
+    fields, data = pii
+    _map_pii(value, _paths(fields), data, take, lambda t: t)
 
 
 def _matching_rows(
@@ -587,9 +659,15 @@ def _matching_rows(
 
 
 def _redacted(
-    rows: pl.DataFrame, layer: _Layer, pii: set[str], values: Sequence[str]
+    rows: pl.DataFrame,
+    layer: _Layer,
+    pii: tuple[set[str], frozenset[str]],
+    values: Sequence[str],
 ) -> pl.DataFrame:
-    """``rows`` redacted (see the module docstring), only the rows the redaction changes."""
+    """``rows`` redacted (see the module docstring), only the rows the redaction changes.
+
+    ``pii``: the contract's :func:`pii_fields`."""
+    fields, data = pii
     out = rows.with_columns(
         pl.lit(None, dtype=rows.schema[c]).alias(c) for c in layer.nulled if c in rows.columns
     )
@@ -600,11 +678,11 @@ def _redacted(
         redacted = []
         for text, subject in zip(out[column].to_list(), mine, strict=True):
             if layer.kind == "bronze":
-                redacted.append(redact_text(text, pii, values, elsewhere=False))
+                redacted.append(redact_text(text, fields, values, elsewhere=False, data=data))
             elif column == "raw_line" and subject and text and _loads(text) is None:
                 redacted.append(REDACTED)  # the subject's line, not JSON: what is PII is unknown
             elif subject:
-                redacted.append(redact_text(text, pii, values))
+                redacted.append(redact_text(text, fields, values, data=data))
             else:  # a line naming no key: only the subject's values go, nothing else
                 redacted.append(redact_text(text, set(), values))
         out = out.with_columns(pl.Series(column, redacted, dtype=pl.String))
@@ -837,7 +915,7 @@ def erase(
             f"no layer of table {contract.name} holds the {len(given)} key(s) given: "
             "nothing written"
         )
-    pii = {c.name for c in contract.columns if c.pii}
+    pii = pii_fields(contract)
     step("collecting the subjects' values")
     values = _pii_values(config, contract, subjects)
     request = _request(config, contract, subjects, reason)
@@ -921,7 +999,7 @@ def mask_erased(config: CdcflowConfig, table: str, frame: pl.DataFrame) -> pl.Da
     if not hashes or frame.is_empty():
         return frame
     contract = next(c for c in config.contracts() if c.name == table)
-    pii = [c.name for c in contract.columns if c.pii and c.name in frame.columns]
+    pii = [c.name for c in erased_columns(contract) if c.name in frame.columns]
     if not pii or not all(k in frame.columns for k in contract.keys):
         return frame
     secret = erasure_key(config)
@@ -1091,7 +1169,7 @@ def verify_erasure(
     """
     contract = find_contract(config, table)
     subjects = _subjects(config, contract, keys)
-    pii = [c.name for c in contract.columns if c.pii]
+    pii = [c.name for c in erased_columns(contract)]
     checks: list[Check] = []
     rows = erasure_log(config).filter(
         (pl.col("table_name") == contract.name) & (pl.col("status") == "completed")
@@ -1122,7 +1200,7 @@ def verify_erasure(
         for column in (c for c in layer.texts if c in mine.columns):
             for text in mine[column].drop_nulls().to_list():
                 held: set[str] = set()
-                _collect_fields(_loads(text), set(pii), held)
+                _collect_fields(_loads(text), pii_fields(contract), held)
                 bad += bool(held)
         checks.append(
             Check(
@@ -1186,6 +1264,7 @@ __all__ = [
     "ErasureReport",
     "enforce_erasures",
     "erase",
+    "erased_columns",
     "erased_hashes",
     "erasure_key",
     "erasure_log",
