@@ -272,3 +272,26 @@ def test_the_console_script_exits_with_its_code_after_a_delta_read(tmp_path: Pat
         for _ in range(8)
     ]
     assert codes == [2] * 8
+
+
+def test_an_unexpected_error_quotes_no_rows(tmp_path: Path) -> None:
+    """delta-rs quotes the rows that fail a NOT NULL check ("Preview of invalid data"); such
+    rows may hold personal data, so the one-line error leaves them out."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from cdcflow.cli.app import without_rows
+
+    schema = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("v", pa.string())])
+    write_deltalake(str(tmp_path / "t"), pa.table({"k": ["a"], "v": ["x"]}, schema=schema))
+    with pytest.raises(Exception) as raised:
+        (
+            DeltaTable(str(tmp_path / "t"))
+            .merge(pa.table({"k": ["b"], "v": ["ann@example.com"]}), "t.v = s.v", "s", "t")
+            .when_not_matched_insert(updates={"k": "NULL", "v": "s.v"})
+            .execute()
+        )
+    assert "ann@example.com" in str(raised.value)  # what delta-rs says
+    shown = without_rows(str(raised.value))
+    assert "ann@example.com" not in shown and "failed validation check" in shown
+    assert without_rows("no rows here") == "no rows here"

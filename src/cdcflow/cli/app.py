@@ -64,6 +64,21 @@ def one_line(text: str) -> str:
     return "".join(shown(char) for char in joined)
 
 
+#: Where an error message of a library starts quoting table rows: delta-rs' "Preview of invalid
+#: data:" table after a NOT NULL or CHECK violation.
+_ROW_PREVIEWS = ("Preview of invalid data",)
+
+
+def without_rows(message: str) -> str:
+    """``message`` cut where a library starts quoting rows, which may hold personal data (a
+    ``pii`` column's values must never reach an error message)."""
+    for marker in _ROW_PREVIEWS:
+        cut = message.find(marker)
+        if cut >= 0:
+            message = message[:cut].rstrip() + " (rows not shown: they may hold personal data)"
+    return message
+
+
 def print_error(message: str) -> None:
     """Write ``error: <message>`` to stderr as exactly one line.
 
@@ -343,5 +358,5 @@ def main() -> None:
             sys.exit(int(getattr(exc, "exit_code", 2)))
         if _state["debug"]:
             traceback.print_exc()
-        print_error(f"unexpected {type(exc).__name__}: {exc}")
+        print_error(f"unexpected {type(exc).__name__}: {without_rows(str(exc))}")
         sys.exit(1)
