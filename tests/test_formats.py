@@ -466,12 +466,14 @@ def test_an_applied_truncate_deletes_every_key_with_an_earlier_event(mode: str) 
         assert (2,) not in state.rows and state.tombstones[(2,)] == truncate.sequence
         assert state.tombstones[(1,)] == truncate.sequence
         assert (3,) not in state.tombstones
-    # a flat record says TRUNCATE too; without apply it is no truncate (no key: NULL_...)
+    # a flat record says TRUNCATE too; under the default policy it is quarantined as what it
+    # is (SOURCE_TRUNCATE, as a Debezium op t), not as a record without a key
     record = {"event_id": "T1", "operation": "truncate", "event_timestamp": NOW.isoformat(),
               "metadata": {"lsn": 5}}  # fmt: skip
     assert isinstance(validate(record, contract), TruncateEvent)
     rejected = validate(record, ACCOUNTS)
-    assert isinstance(rejected, Rejection) and rejected.reason == "NULL_ACCOUNT_ID"
+    assert isinstance(rejected, Rejection) and rejected.reason == "SOURCE_TRUNCATE"
+    assert rejected.event_id == "T1"
     no_lsn = validate({**record, "metadata": {}}, contract)
     assert isinstance(no_lsn, Rejection) and no_lsn.reason == "NULL_LSN"
 

@@ -45,10 +45,12 @@ def three_tables(
 ) -> CdcflowConfig:
     """A config declaring customers, accounts and order_lines in ``mode`` on ``engine``;
     accounts evolves unknown event fields into columns (``unknown_fields: evolve``) and applies
-    source truncates (``truncate: apply``)."""
+    source truncates (``truncate: apply``), order_lines skips them (``ignore``), customers
+    quarantines them (the default)."""
     tables = [{**t, "delete_mode": mode} for t in (CUSTOMERS_TABLE, *TABLES)]
     tables[1]["unknown_fields"] = "evolve"
     tables[1]["truncate"] = "apply"
+    tables[2]["truncate"] = "ignore"
     raw = {
         "pipeline": {"name": "shop", "engine": engine},
         "storage": {"root": str(root / "lake")},
@@ -75,7 +77,10 @@ def workload(seed: int) -> list[list[str]]:
         lsn += 1
         op = rng.choice(["INSERT", "UPDATE", "UPDATE", "DELETE"])
         kind = i % 3
-        if kind == 0:
+        if i in (23, 27):  # a flat truncate of order_lines (skipped), of customers (quarantined)
+            table = "order_lines" if kind == 2 else "customers"
+            records.append(rec(table, f"T{i}", "TRUNCATE", lsn, minutes_ago=30 - i % 5))
+        elif kind == 0:
             fields: dict[str, Any] = {"customer_id": f"C-{rng.randint(1, 3)}"}
             if op != "DELETE":
                 fields["status"] = rng.choice(["active", "INACTIVE", "ACTIVE", "bogus"])
@@ -121,6 +126,8 @@ def written_tables(config: CdcflowConfig) -> list[str]:
     names = ["quarantine/unrouted_events", "audit/table_batch_log"]
     if any(contract.truncate == "apply" for contract in config.contracts()):
         names.append("audit/source_truncates")
+    if any(contract.truncate == "ignore" for contract in config.contracts()):
+        names.append("audit/skipped_records")
     for contract in config.contracts():
         t = contract.table_names
         names += [t.bronze, t.quarantine, t.silver, t.history, contract.outcomes_table]

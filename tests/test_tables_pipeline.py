@@ -568,6 +568,38 @@ def test_an_applied_truncate_in_the_pipeline(tmp_path: Path, mode: str) -> None:
     assert outcomes == {"A1": "SUPERSEDED_IN_BATCH", "A2": "APPLIED", "A3": "SUPERSEDED_IN_BATCH"}
 
 
+@pytest.mark.parametrize("policy", ["ignore", "quarantine"])
+def test_a_flat_truncate_follows_the_table_s_policy(tmp_path: Path, policy: str) -> None:
+    """A flat record whose operation is TRUNCATE (no key) under ``truncate: ignore`` is skipped
+    and counted in ``audit/skipped_records``; under ``quarantine`` it is quarantined as
+    ``SOURCE_TRUNCATE``, as a Debezium ``op: t`` is, not as a record without a key; Silver
+    keeps its rows either way."""
+    config = write_config(tmp_path, truncate=policy)
+    lines = [
+        json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1, owner="Ann")),
+        json.dumps(rec("accounts", "T1", "TRUNCATE", 20)),
+        json.dumps(rec("accounts", "A2", "UPDATE", 30, account_id=1, owner="Bo")),
+    ]
+    write_files(config, [lines])
+    (report,) = Pipeline(config).run(Trigger.parse("available-now"))
+    state = silver(config, contract_of(config, "accounts"))
+    assert {k: (r["owner"], r["is_deleted"]) for k, r in state.items()} == {(1,): ("Bo", False)}
+    quarantined = [
+        (r["event_id"], r["failure_reason"]) for r in rows(config, "quarantine/accounts_events")
+    ]
+    skipped_path = Path(config.table_uri("audit/skipped_records"))
+    skipped = (
+        [(r["table_name"], r["kind"]) for r in rows(config, "audit/skipped_records")]
+        if skipped_path.exists()
+        else []
+    )
+    if policy == "ignore":
+        assert (quarantined, skipped) == ([], [("accounts", "truncate")])
+    else:
+        assert (quarantined, skipped) == ([("T1", "SOURCE_TRUNCATE")], [])
+        assert report.quarantined == 1
+
+
 def test_a_deleted_row_s_version_closes_at_the_next_version_in_sequence_order(
     tmp_path: Path,
 ) -> None:

@@ -138,7 +138,12 @@ class TruncateEvent:
         _set_sequence(self)
 
 
-def _is_truncate(raw_op: Any) -> bool:
+#: The reason of a source truncate a table does not apply (``truncate: quarantine``; the same
+#: as :data:`cdcflow.sources.formats.SOURCE_TRUNCATE` of the decoding formats).
+TRUNCATE_REASON = "SOURCE_TRUNCATE"
+
+
+def is_truncate(raw_op: Any) -> bool:
     """True for an operation field that says ``TRUNCATE`` (trimmed, any case)."""
     return isinstance(raw_op, str) and raw_op.strip().upper() == "TRUNCATE"
 
@@ -149,7 +154,8 @@ def key_reasons(column: str) -> tuple[str, str]:
     return f"NULL_{upper}", f"INVALID_{upper}_FORMAT"
 
 
-def _path(record: dict[str, Any], dotted: str) -> Any:
+def field_at(record: dict[str, Any], dotted: str) -> Any:
+    """``record[a][b]…`` for the dotted path ``a.b…``, or None where the path ends early."""
     node: Any = record
     for part in dotted.split("."):
         if not isinstance(node, dict):
@@ -253,14 +259,25 @@ class ContractValidator:
 
     def _validate_object(self, record: dict[str, Any]) -> ChangeEvent | TruncateEvent | Rejection:
         contract = self.contract
-        if contract.truncate == "apply" and _is_truncate(_path(record, contract.operation_field)):
-            return self._truncate(record)
+        if is_truncate(field_at(record, contract.operation_field)):
+            if contract.truncate == "apply":
+                return self._truncate(record)
+            # ``ignore``: skipped before validation (the flat decoder, sources/formats); a
+            # truncate reaching the rules is quarantined under its own reason, never as a
+            # record without a key
+            raw_eid = field_at(record, contract.event_id_field)
+            return Rejection(
+                TRUNCATE_REASON,
+                f"a source TRUNCATE removed every row of the table (truncate: "
+                f"{contract.truncate}); not applied to Silver",
+                raw_eid.strip() if isinstance(raw_eid, str) and raw_eid.strip() else None,
+            )
         key = self._key(record)
         if isinstance(key, Rejection):
             return key
         display_key = key[0] if len(key) == 1 and isinstance(key[0], str) else None
 
-        raw_eid = _path(record, contract.event_id_field)
+        raw_eid = field_at(record, contract.event_id_field)
         if _blank(raw_eid):
             return Rejection(
                 "NULL_EVENT_ID", "event_id is missing, null or blank", None, display_key
@@ -270,7 +287,7 @@ class ContractValidator:
         def reject(reason: str, detail: str) -> Rejection:
             return Rejection(reason, detail, event_id, display_key)
 
-        raw_op = _path(record, contract.operation_field)
+        raw_op = field_at(record, contract.operation_field)
         operation = (
             OPERATION_ALIASES.get(raw_op.strip().upper()) if isinstance(raw_op, str) else None
         )
@@ -333,7 +350,7 @@ class ContractValidator:
         ``NULL_EVENT_TIMESTAMP``, ``INVALID_EVENT_TIMESTAMP``, ``FUTURE_EVENT_TIMESTAMP``,
         ``NULL_LSN``, ``INVALID_LSN`` that applies."""
         contract = self.contract
-        raw_ts = _path(record, contract.timestamp_field)
+        raw_ts = field_at(record, contract.timestamp_field)
         if _blank(raw_ts):
             return reject("NULL_EVENT_TIMESTAMP", "event_timestamp is missing, null or blank")
         try:
@@ -347,7 +364,7 @@ class ContractValidator:
         if event_timestamp > self.latest:
             return reject("FUTURE_EVENT_TIMESTAMP", f"event_timestamp is {self._later}")
 
-        raw_lsn = _path(record, contract.lsn_field)
+        raw_lsn = field_at(record, contract.lsn_field)
         if _blank(raw_lsn):
             return reject("NULL_LSN", f"{contract.lsn_field} is missing, null or blank")
         try:
@@ -360,7 +377,7 @@ class ContractValidator:
         """A truncate record (``truncate: apply``): the envelope rules only — event id,
         timestamp, LSN — since a truncate has no key and no column values."""
         contract = self.contract
-        raw_eid = _path(record, contract.event_id_field)
+        raw_eid = field_at(record, contract.event_id_field)
         if _blank(raw_eid) or isinstance(raw_eid, dict | list):
             return Rejection("NULL_EVENT_ID", "event_id is missing, null or blank")
         event_id = raw_eid.strip() if isinstance(raw_eid, str) else json.dumps(raw_eid)
@@ -409,4 +426,12 @@ class ContractValidator:
         return None
 
 
-__all__ = ["ENVELOPE", "ChangeEvent", "ContractValidator", "key_reasons"]
+__all__ = [
+    "ENVELOPE",
+    "TRUNCATE_REASON",
+    "ChangeEvent",
+    "ContractValidator",
+    "field_at",
+    "is_truncate",
+    "key_reasons",
+]

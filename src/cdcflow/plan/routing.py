@@ -98,8 +98,13 @@ class Router:
         self._probes = {f: decoder_for(f) for f in self._order}
         dms = [n for n in self.names if self.formats[n] == "dms"]
         self._only_dms = dms[0] if len(dms) == 1 else None
-        #: whether records can be skipped: a format other than flat, or Kafka tombstones
-        self.decodes = topic_tables is not None or any(f != "flat" for f in self._order)
+        #: whether records can be skipped: a format other than flat, Kafka tombstones, or the
+        #: truncates of a flat table with ``truncate: ignore``
+        self.decodes = (
+            topic_tables is not None
+            or any(f != "flat" for f in self._order)
+            or any(d is not None for d in self.decoders.values())
+        )
 
     def route(self, data: bytes | None, error: str | None = None) -> Route:
         """Route one raw record (``data`` None: an unreadable line, ``error`` says why)."""

@@ -776,9 +776,7 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     check_replays(config)  # an unfinished replay --apply: refuse before anything is written
     contracts = config.contracts()
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
-    decodes = config.source.type == "kafka" or any(
-        (c.format or config.source.format) != "flat" for c in contracts
-    )
+    decodes = Router.of(config, contracts).decodes
     if decodes:  # a decoding format: its skipped records are counted
         specs.append(SKIPPED)
     truncating = any(c.truncate == "apply" for c in contracts)

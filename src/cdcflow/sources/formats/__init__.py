@@ -88,8 +88,35 @@ def put_path(record: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class FlatDecoder:
+    """``flat`` records of a table with ``truncate: ignore``: a record whose operation says
+    ``TRUNCATE`` is skipped and counted, every other record is read as it is (docs/tables.md:
+    "a source TRUNCATE — a record whose operation is TRUNCATE, Debezium's ``op: t``")."""
+
+    name = "flat"
+
+    def table_of(self, record: Any) -> str | None:
+        """The table ``metadata.source_table`` names
+        (:func:`~cdcflow.plan.contract_rules.route_name`)."""
+        from cdcflow.plan.contract_rules import route_name
+
+        return route_name(record) if isinstance(record, dict) else None
+
+    def decode(self, record: Any, contract: TableContract) -> Decoded:
+        """The record itself; a truncate: :class:`Skipped`; not an object: ``MALFORMED_JSON``."""
+        from cdcflow.plan.contract_rules import field_at, is_truncate
+
+        if not isinstance(record, dict):
+            kind = "null" if record is None else type(record).__name__
+            return Rejection("MALFORMED_JSON", f"JSON {kind} is not an object")
+        if is_truncate(field_at(record, contract.operation_field)):
+            return Skipped("truncate", "a source TRUNCATE (truncate: ignore)")
+        return record
+
+
 def decoder_for(name: str, truncate: str = "quarantine") -> RecordDecoder | None:
-    """The decoder of a format, or None for ``flat`` (records are read as they are).
+    """The decoder of a format, or None for ``flat`` records read as they are (a flat table
+    with ``truncate: ignore`` has :class:`FlatDecoder`, which skips its truncates).
 
     Args:
         name: one of :data:`FORMATS`.
@@ -99,7 +126,7 @@ def decoder_for(name: str, truncate: str = "quarantine") -> RecordDecoder | None
         ValueError: an unknown format.
     """
     if name == "flat":
-        return None
+        return FlatDecoder() if truncate == "ignore" else None
     if name == "debezium":
         from cdcflow.sources.formats.debezium import DebeziumDecoder
 
@@ -115,6 +142,7 @@ __all__ = [
     "FORMATS",
     "SOURCE_TRUNCATE",
     "Decoded",
+    "FlatDecoder",
     "Format",
     "RecordDecoder",
     "Skipped",
