@@ -210,7 +210,7 @@ def test_declared_tables_stream_from_one_slot(pgt: PgTables) -> None:
     pgt.run()
     quarantined = rows(pgt.config, "quarantine/order_lines_events")
     truncated = [r for r in quarantined if '"TRUNCATE"' in r["raw_line"]]
-    assert [r["failure_reason"] for r in truncated] == ["NULL_ORDER_ID"]
+    assert [r["failure_reason"] for r in truncated] == ["SOURCE_TRUNCATE"]
     assert silver(pgt.config, contract_of(pgt.config, "order_lines")) == lines
     # accounts applies its truncates (truncate: apply): every row is deleted at the TRUNCATE's
     # LSN, a row inserted after it in the same transaction stays
