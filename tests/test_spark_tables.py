@@ -77,10 +77,7 @@ def workload(seed: int) -> list[list[str]]:
         lsn += 1
         op = rng.choice(["INSERT", "UPDATE", "UPDATE", "DELETE"])
         kind = i % 3
-        if i in (23, 27):  # a flat truncate of order_lines (skipped), of customers (quarantined)
-            table = "order_lines" if kind == 2 else "customers"
-            records.append(rec(table, f"T{i}", "TRUNCATE", lsn, minutes_ago=30 - i % 5))
-        elif kind == 0:
+        if kind == 0:
             fields: dict[str, Any] = {"customer_id": f"C-{rng.randint(1, 3)}"}
             if op != "DELETE":
                 fields["status"] = rng.choice(["active", "INACTIVE", "ACTIVE", "bogus"])
@@ -109,6 +106,9 @@ def workload(seed: int) -> list[list[str]]:
                 fields["attributes"] = rng.choice([{"k": [1, 2]}, None, [], "x"])
             table = rng.choice(["order_lines", "public.order_lines"])
             records.append(rec(table, f"L{i}", op, lsn, minutes_ago=30 - i % 3, **fields))
+        if i in (23, 27):  # a flat truncate of order_lines (skipped), of customers (quarantined)
+            table = records[-1]["metadata"]["source_table"]  # (the same draws as a change)
+            records[-1] = rec(table, f"T{i}", "TRUNCATE", lsn, minutes_ago=30 - i % 5)
     lines = [json.dumps(r) for r in records]
     lines += [json.dumps(rec("invoices", "I1", "INSERT", 1, invoice_id=1)), "{not json"]
     lines += rng.sample(lines[:36], 8)  # re-deliveries
