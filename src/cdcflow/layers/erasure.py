@@ -1170,6 +1170,7 @@ def verify_erasure(
     contract = find_contract(config, table)
     subjects = _subjects(config, contract, keys)
     pii = [c.name for c in erased_columns(contract)]
+    fields = pii_fields(contract)
     checks: list[Check] = []
     rows = erasure_log(config).filter(
         (pl.col("table_name") == contract.name) & (pl.col("status") == "completed")
@@ -1200,7 +1201,7 @@ def verify_erasure(
         for column in (c for c in layer.texts if c in mine.columns):
             for text in mine[column].drop_nulls().to_list():
                 held: set[str] = set()
-                _collect_fields(_loads(text), pii_fields(contract), held)
+                _collect_fields(_loads(text), fields, held)
                 bad += bool(held)
         checks.append(
             Check(

@@ -58,6 +58,7 @@ from cdcflow.plan.rules import (
     parse_record,
     sub_microsecond_nanos,
 )
+from cdcflow.sources.formats import SOURCE_TRUNCATE
 
 #: Fields of the flat envelope, never "unknown" to a contract.
 ENVELOPE = ("event_id", "operation", "event_timestamp", "metadata")
@@ -136,11 +137,6 @@ class TruncateEvent:
 
     def __post_init__(self) -> None:
         _set_sequence(self)
-
-
-#: The reason of a source truncate a table does not apply (``truncate: quarantine``; the same
-#: as :data:`cdcflow.sources.formats.SOURCE_TRUNCATE` of the decoding formats).
-TRUNCATE_REASON = "SOURCE_TRUNCATE"
 
 
 def is_truncate(raw_op: Any) -> bool:
@@ -267,7 +263,7 @@ class ContractValidator:
             # record without a key
             raw_eid = field_at(record, contract.event_id_field)
             return Rejection(
-                TRUNCATE_REASON,
+                SOURCE_TRUNCATE,
                 f"a source TRUNCATE removed every row of the table (truncate: "
                 f"{contract.truncate}); not applied to Silver",
                 raw_eid.strip() if isinstance(raw_eid, str) and raw_eid.strip() else None,
@@ -428,7 +424,6 @@ class ContractValidator:
 
 __all__ = [
     "ENVELOPE",
-    "TRUNCATE_REASON",
     "ChangeEvent",
     "ContractValidator",
     "field_at",

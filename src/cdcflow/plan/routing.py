@@ -26,7 +26,7 @@ from typing import Any
 from cdcflow.model.contracts import TableContract
 from cdcflow.plan.contract_rules import route_name
 from cdcflow.plan.rules import Rejection, parse_record
-from cdcflow.sources.formats import RecordDecoder, Skipped, decoder_for
+from cdcflow.sources.formats import RecordDecoder, Skipped, decoder_for, not_an_object
 
 #: The envelope field of a staged Kafka record (:data:`cdcflow.sources.kafka.ENVELOPE`).
 ENVELOPE = "_kafka"
@@ -191,10 +191,7 @@ class Router:
         decoder = self.decoders[table]
         if decoder is None:
             if not isinstance(parsed, dict):
-                kind = "null" if parsed is None else type(parsed).__name__
-                return Route(
-                    table, rejection=Rejection("MALFORMED_JSON", f"JSON {kind} is not an object")
-                )
+                return Route(table, rejection=not_an_object(parsed))
             return Route(table, record=parsed)
         decoded = decoder.decode(parsed, self.contracts[table])
         if isinstance(decoded, Rejection):

@@ -88,6 +88,12 @@ def put_path(record: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def not_an_object(value: Any) -> Rejection:
+    """The rejection of a parsed record that is not a JSON object (``MALFORMED_JSON``)."""
+    kind = "null" if value is None else type(value).__name__
+    return Rejection("MALFORMED_JSON", f"JSON {kind} is not an object")
+
+
 class FlatDecoder:
     """``flat`` records of a table with ``truncate: ignore``: a record whose operation says
     ``TRUNCATE`` is skipped and counted, every other record is read as it is (docs/tables.md:
@@ -107,8 +113,7 @@ class FlatDecoder:
         from cdcflow.plan.contract_rules import field_at, is_truncate
 
         if not isinstance(record, dict):
-            kind = "null" if record is None else type(record).__name__
-            return Rejection("MALFORMED_JSON", f"JSON {kind} is not an object")
+            return not_an_object(record)
         if is_truncate(field_at(record, contract.operation_field)):
             return Skipped("truncate", "a source TRUNCATE (truncate: ignore)")
         return record
@@ -147,5 +152,6 @@ __all__ = [
     "RecordDecoder",
     "Skipped",
     "decoder_for",
+    "not_an_object",
     "put_path",
 ]
