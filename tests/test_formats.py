@@ -70,6 +70,9 @@ ORDERS = TableContract.model_validate(
 
 
 def validate(flat: Any, contract: TableContract = ACCOUNTS) -> ChangeEvent | Rejection:
+    """The validated event of a decoded record (a decoder's rejection as it is)."""
+    if isinstance(flat, Rejection):
+        return flat
     assert isinstance(flat, dict), flat
     return ContractValidator(contract, NOW, timedelta(minutes=5)).validate_object(flat)
 
@@ -370,11 +373,28 @@ def test_sqlserver_change_lsn_then_event_serial_no() -> None:
     snapshot = validate(decoder.decode(ss(None, 0, "00000027:00000700:0001"), ACCOUNTS))
     first = validate(decoder.decode(ss("00000027:00000758:0003", 1), ACCOUNTS))
     second = validate(decoder.decode(ss("00000027:00000758:0003", 2), ACCOUNTS))
-    later = validate(decoder.decode(ss("00000028:00000010:0001", 1), ACCOUNTS))
+    later = validate(decoder.decode(ss("00000028:00000010:0001", 1, "00000028:00000010:0002"),
+                                    ACCOUNTS))  # fmt: skip
     events = [snapshot, first, second, later]
     assert all(isinstance(e, ChangeEvent) for e in events), events
     sequences = [e.sequence for e in events]  # type: ignore[union-attr]
     assert sequences == sorted(sequences) and len(set(sequences)) == 4
+    # a transaction open during a snapshot: its change LSN is below the snapshot's, its commit
+    # after it, so it wins over the snapshot row; a change committed before the snapshot loses
+    snap = validate(decoder.decode(ss(None, 0, "00000025:00000500:0001"), ACCOUNTS))
+    open_tx = validate(decoder.decode(ss("00000025:00000480:0002", 2, "00000025:00000520:0003"),
+                                      ACCOUNTS))  # fmt: skip
+    before = validate(decoder.decode(ss("00000025:00000400:0002", 1, "00000025:00000490:0003"),
+                                     ACCOUNTS))  # fmt: skip
+    in_tx = [validate(decoder.decode(ss(f"00000025:00000{n}:0001", 1, "00000025:00000520:0003"),
+                                     ACCOUNTS)) for n in (501, 510, 519)]  # fmt: skip
+    assert all(isinstance(e, ChangeEvent) for e in (snap, open_tx, before, *in_tx))
+    assert before.sequence < snap.sequence < open_tx.sequence  # type: ignore[union-attr]
+    assert [e.sequence for e in in_tx] == sorted(e.sequence for e in in_tx)  # type: ignore[union-attr]
+    # a change after its commit is no position
+    bad = validate(decoder.decode(ss("00000026:00000001:0001", 1, "00000025:00000520:0003"),
+                                  ACCOUNTS))  # fmt: skip
+    assert isinstance(bad, Rejection) and bad.reason == "INVALID_LSN"
 
 
 # ----------------------------------------------------------------------------- AWS DMS
@@ -746,3 +766,72 @@ def test_router_envelopes_non_objects_and_the_dms_fallback() -> None:
     typo = {**record, "metadata": {"lsn": 5, "source_table": "acounts"}}
     del typo["_kafka"]
     assert mixed.route(json.dumps(typo).encode()).rejection.reason == "UNKNOWN_TABLE"  # type: ignore[union-attr]
+
+
+def raw_balance(account_id: int, balance: str) -> dict:
+    """An accounts row whose ``balance`` is the given JSON text as it is (not base64)."""
+    return {"account_id": account_id, "owner": "Ann", "balance": balance}
+
+
+def test_decimals_that_are_no_number_are_rejected_never_guessed() -> None:
+    """A Connect Decimal without bytes, a VariableScaleDecimal with a null value, and the
+    ``NaN`` / ``Infinity`` text of ``decimal.handling.mode=string`` (a field of Connect type
+    ``string``) are ``SCHEMA_MISMATCH``: never read as base64 into a made-up number."""
+    as_text = [*ACCOUNT_FIELDS[:2], {"type": "string", "optional": True, "field": "balance"}]
+    cases = [
+        dbz("c", raw_balance(1, ""), lsn=10),  # Decimal: no bytes
+        dbz("c", raw_balance(2, "Infinity"), lsn=11, fields=as_text),
+        dbz("c", raw_balance(3, "NaN"), lsn=12, fields=as_text),
+        dbz("c", raw_balance(4, "-Infinity"), lsn=13, schema=False),
+        dbz("c", raw_balance(5, ""), lsn=14, schema=False),
+    ]
+    for value in cases:
+        outcome = validate(DebeziumDecoder().decode(value, ACCOUNTS))
+        assert isinstance(outcome, Rejection) and outcome.reason == "SCHEMA_MISMATCH", (
+            value["payload"]["after"] if "payload" in value else value["after"],
+            outcome,
+        )
+    # the string mode's numbers are the numbers themselves (not base64: "1234" is valid base64)
+    value = dbz("c", raw_balance(6, "1234"), lsn=15, fields=as_text)
+    number = validate(DebeziumDecoder().decode(value, ACCOUNTS))
+    assert isinstance(number, ChangeEvent) and number.values["balance"] == Decimal("1234.00")
+    fields = [
+        {"type": "string", "optional": False, "field": "order_id"},
+        {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "field": "amount",
+         "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]},
+    ]  # fmt: skip
+    for amount in ({"scale": 0, "value": None}, {"scale": "x", "value": "AA=="}, {"scale": 1}):
+        value = dbz("c", {"order_id": "O-1", "amount": amount}, lsn=16, table="orders",
+                    fields=fields)  # fmt: skip
+        outcome = validate(DebeziumDecoder().decode(value, ORDERS), ORDERS)
+        assert isinstance(outcome, Rejection) and outcome.reason == "SCHEMA_MISMATCH", amount
+
+
+def test_dms_messages_order_by_the_change_sequence_header_when_present() -> None:
+    """A task that adds ``AR_H_CHANGE_SEQ`` to ``data``: its changes order by that number
+    (not the hash of the record) when their timestamps tie; a full-load row stays first."""
+    decoder = DmsDecoder()
+    ts = (NOW - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    older = "20261201100003000000000000000000100"
+    newer = "20261201100003000000000000000000200"
+    for owners in (("a", "b"), ("b", "a"), ("x", "y"), ("y", "x")):  # either hash order
+        first = dms_message("update", {"account_id": 5, "owner": owners[0],
+                                       "AR_H_CHANGE_SEQ": older}, ts)  # fmt: skip
+        second = dms_message("update", {"account_id": 5, "owner": owners[1],
+                                        "AR_H_CHANGE_SEQ": newer}, ts)  # fmt: skip
+        load = dms_message("load", {"account_id": 5, "owner": "loaded"}, ts)
+        events = [validate(decoder.decode(v, ACCOUNTS)) for v in (second, load, first)]
+        assert all(isinstance(e, ChangeEvent) for e in events), events
+        state = fold_changes(events, ACCOUNTS, "soft").rows  # type: ignore[arg-type]
+        assert state[(5,)]["owner"] == owners[1]
+        assert "AR_H_CHANGE_SEQ" not in events[0].values  # type: ignore[union-attr]
+
+
+def test_a_null_payload_envelope_in_a_landing_file_is_a_skipped_tombstone() -> None:
+    """JsonConverter's ``{"schema": null, "payload": null}`` is skipped as a tombstone from a
+    landing file as from Kafka; a flat-only pipeline, which has no tombstones, rejects it."""
+    line = json.dumps({"schema": None, "payload": None}).encode()
+    route = Router([ACCOUNTS], "debezium").route(line)
+    assert route.skipped is not None and route.skipped.kind == "tombstone", route
+    flat = Router([ACCOUNTS.model_copy(update={"format": "flat"})], "flat").route(line)
+    assert flat.rejection is not None and flat.skipped is None

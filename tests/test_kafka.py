@@ -569,6 +569,122 @@ def test_starting_offsets_latest_and_a_timestamp(kafka_broker: str, tmp_path: Pa
     assert sorted(r["account_id"] for r in rows(latest, "silver/accounts")) == [4, 5, 6, 9]
 
 
+def test_a_naive_instant_is_utc_and_applies_to_every_partition_of_the_first_trigger(
+    kafka_broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``starting_offsets`` without an offset is UTC whatever the machine's time zone, and it
+    places every partition of the first trigger, also those past the trigger's record budget
+    (a later trigger does not start them at their beginning)."""
+    prefix = f"n{uuid.uuid4().hex[:8]}"
+    topics(prefix, accounts_partitions=3)
+    topic = f"{prefix}.public.accounts"
+
+    def batch(first: int) -> list[tuple[str, int | None, bytes | None]]:
+        return [(topic, p, json.dumps(dbz("c", account_row(first + 10 * p + i),
+                                          lsn=first + 10 * p + i)).encode())
+                for p in range(3) for i in range(2)]  # fmt: skip
+
+    produce(batch(100))
+    time.sleep(1.1)
+    middle = datetime.now(UTC).replace(tzinfo=None)  # naive: UTC
+    time.sleep(1.1)
+    produce(batch(200))
+    monkeypatch.setenv("TZ", "America/Los_Angeles")  # 8 hours behind: a local reading skips all
+    time.tzset()
+    try:
+        since = write_config(tmp_path, prefix, starting_offsets=middle.isoformat(), max_records=2)
+        Pipeline(since).run(Trigger.parse("available-now"))
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    want = sorted(200 + 10 * p + i for p in range(3) for i in range(2))
+    assert sorted(r["account_id"] for r in rows(since, "silver/accounts")) == want
+
+
+def test_a_recreated_or_compacted_topic_stops_the_run(kafka_broker: str, tmp_path: Path) -> None:
+    """A topic deleted and created again (its topic id changed), even one that has grown past
+    the position cdcflow kept, and a topic whose ``cleanup.policy`` compacts stop the run with
+    an error that says what to do: no record of either is skipped silently."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from cdcflow.sources.kafka import KafkaSourceError
+
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    topics(prefix, accounts_partitions=1)
+    topic = f"{prefix}.public.accounts"
+    produce([(topic, 0, json.dumps(dbz("c", account_row(i), lsn=i)).encode()) for i in (1, 2)])
+    config = write_config(tmp_path / "recreated", prefix)
+    Pipeline(config).run(Trigger.parse("available-now"))
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    for future in admin.delete_topics([topic], operation_timeout=30).values():
+        future.result(timeout=60)
+    deadline = time.monotonic() + 60
+    while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.2)
+    create_topic(topic, 1)
+    produce([(topic, 0, json.dumps(dbz("c", account_row(i), lsn=100 + i)).encode())
+             for i in range(1, 6)])  # fmt: skip
+    with pytest.raises(KafkaSourceError, match="deleted and created again"):
+        Pipeline(config).run(Trigger.parse("available-now"))
+    assert sorted(r["account_id"] for r in rows(config, "silver/accounts")) == [1, 2]
+
+    compacted = f"c{uuid.uuid4().hex[:8]}"
+    topics(compacted, accounts_partitions=1)
+    name = f"{compacted}.public.accounts"
+    futures = admin.create_topics(
+        [NewTopic(f"{compacted}.public.ledger", 1, 1, config={"cleanup.policy": "compact"})]
+    )
+    for future in futures.values():
+        future.result(timeout=60)
+    produce([(name, 0, json.dumps(dbz("c", account_row(1), lsn=1)).encode())])
+    with pytest.raises(KafkaSourceError, match=r"cleanup\.policy=compact"):
+        Pipeline(write_config(tmp_path / "compacted", compacted)).run(
+            Trigger.parse("available-now")
+        )
+
+
+def test_a_value_that_is_not_utf8_is_quarantined_and_a_bom_is_ignored() -> None:
+    """A Kafka value whose bytes are not UTF-8 is ``MALFORMED_JSON`` (as such a landing line
+    is), never accepted as altered text; a leading byte order mark is ignored."""
+    from cdcflow.sources.kafka import envelope_line
+
+    router = Router([ACCOUNTS_CONTRACT], "debezium", topic_tables={})
+    good = json.dumps(dbz("c", account_row(1, owner="a"), lsn=1)).encode()
+    bad = good.replace(b'"a"', b'"a\xff"')
+    assert bad != good
+    route = router.route(envelope_line("shop.public.accounts", 0, 4, None, bad).encode())
+    assert route.rejection is not None and route.rejection.reason == "MALFORMED_JSON"
+    assert route.rejection.detail.startswith("not valid UTF-8 at byte"), route.rejection
+    bom = envelope_line("shop.public.accounts", 0, 5, None, b"\xef\xbb\xbf" + good)
+    assert router.route(bom.encode()) == router.route(
+        envelope_line("shop.public.accounts", 0, 5, None, good).encode()
+    )
+    assert router.route(bom.encode()).record is not None
+
+
+def test_a_staged_file_cut_across_micro_batches_is_committed_with_its_last_part(
+    tmp_path: Path,
+) -> None:
+    """A staged file split by the trigger's byte limit counts as committed (so its records
+    are no longer pending, and its ranges go to the consumer group) only once the micro-batch
+    holding its last part has committed."""
+    from cdcflow.sources.files import LandingFile
+    from cdcflow.sources.postgres import committed_paths
+    from cdcflow.state.checkpoint import BatchOffsets, Checkpoint
+
+    config = write_config(tmp_path, "x")
+    checkpoint = Checkpoint.of(config)
+    path = str(tmp_path / "landing" / "kafka_00000000.jsonl")
+    first = LandingFile(path, 100, 1, cut=True)
+    rest = LandingFile(path, 250, 1, start=100, change="continued")
+    checkpoint.write_offsets(BatchOffsets(0, NOW, (first,)))
+    checkpoint.write_commit(0, {"files": 1})
+    assert path not in committed_paths(checkpoint)
+    checkpoint.write_offsets(BatchOffsets(1, NOW, (rest,)))
+    checkpoint.write_commit(1, {"files": 1})
+    assert path in committed_paths(checkpoint)
+
+
 def test_offsets_that_go_back_and_a_corrupt_state_stop_the_run(tmp_path: Path) -> None:
     """A partition whose offsets went back (the topic deleted and created again) and an
     unreadable write-ahead state are errors that name the cause, never records skipped."""
@@ -577,6 +693,7 @@ def test_offsets_that_go_back_and_a_corrupt_state_stop_the_run(tmp_path: Path) -
     source = KafkaSource(write_config(tmp_path, "x"))
     source._partitions = lambda consumer: [("x.public.accounts", 0)]  # type: ignore[method-assign]
     source._watermarks = lambda consumer, t, p: (0, 5)  # type: ignore[method-assign]
+    source._check_topics = lambda topics: None  # type: ignore[method-assign]
     with pytest.raises(KafkaSourceError, match="went back from 100 to 5"):
         source._plan(None, {"x.public.accounts:0": 100}, "kafka_00000001.jsonl")
     for corrupt in ('{"next": [], "plans": []}', '{"next": {"a:0": 1e400}, "plans": []}', "{"):

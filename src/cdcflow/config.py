@@ -161,10 +161,11 @@ class KafkaSourceSection(_Section):
         if value in ("earliest", "latest"):
             return value
         try:
-            datetime.fromisoformat(value.replace("Z", "+00:00"))
+            instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             raise ValueError("earliest, latest or an ISO-8601 instant") from None
-        return value
+        # no offset: UTC, on both engines (never the machine's time zone)
+        return value if instant.tzinfo is not None else f"{value}+00:00"
 
     @field_validator("topic_pattern")
     @classmethod

@@ -115,16 +115,18 @@ class Router:
             return Route(None, rejection=parsed)
         if self.topic_tables is not None and isinstance(parsed, dict) and ENVELOPE in parsed:
             return self._kafka(parsed)
-        if parsed is None:  # a null value: only a decoding format gives it a meaning
-            decoder = next((d for d in self._probes.values() if d is not None), None)
-            skipped = (
-                decoder.decode(None, next(iter(self.contracts.values())))
-                if decoder is not None
-                else None
-            )
-            if isinstance(skipped, Skipped):
-                return Route(None, skipped=skipped)
-            return Route(None, rejection=Rejection("MALFORMED_JSON", "JSON null is not an object"))
+        if parsed is None or _null_payload(parsed):
+            # a null value (or JsonConverter's {"schema": null, "payload": null}): only a
+            # decoding format gives it a meaning (a Debezium tombstone is skipped)
+            first = next(iter(self.contracts.values()))
+            for decoder in self._probes.values():
+                skipped = decoder.decode(parsed, first) if decoder is not None else None
+                if isinstance(skipped, Skipped):
+                    return Route(None, skipped=skipped)
+            if parsed is None:
+                return Route(
+                    None, rejection=Rejection("MALFORMED_JSON", "JSON null is not an object")
+                )
         named: str | None = None
         for fmt in self._order:
             probe = self._probes[fmt]
@@ -179,9 +181,9 @@ class Router:
             detail = f"a record of topic {topic}, table {table}: not a declared table ({declared})"
             return Route(None, rejection=Rejection(UNKNOWN_TABLE, detail), source_table=table)
         if "value_text" in staged:
-            return Route(
-                table, rejection=Rejection("MALFORMED_JSON", "the Kafka record's value is not JSON")
-            )
+            error = staged.get("value_error")  # its bytes are not UTF-8
+            detail = str(error) if error else "the Kafka record's value is not JSON"
+            return Route(table, rejection=Rejection("MALFORMED_JSON", detail))
         if value is None:
             return Route(table, skipped=Skipped("tombstone", "a Kafka tombstone (null value)"))
         return self.decode(table, value)
@@ -216,6 +218,15 @@ class Router:
             return route.skipped
         assert route.record is not None
         return route.record
+
+
+def _null_payload(record: Any) -> bool:
+    """Whether a record is Kafka Connect JsonConverter's wrapper of a null value."""
+    return (
+        isinstance(record, dict)
+        and set(record) == {"schema", "payload"}
+        and (record["payload"] is None)
+    )
 
 
 def _dms_row(record: Any) -> bool:

@@ -27,18 +27,21 @@ after a batch's commit marker, for monitoring only, never read back.
 
 Each line of a staged file is one Kafka record in an envelope, ``{"_kafka": {"topic",
 "partition", "offset", "timestamp"}, "value": <the value's JSON, byte for byte>}`` (a value
-that is not JSON: ``"value_text"``; a null value, the Kafka tombstone: ``"value": null``), so
+that is not JSON: ``"value_text"``, with ``"value_error"`` when its bytes are not UTF-8; a
+null value, the Kafka tombstone: ``"value": null``), so
 Bronze's ``raw_payload`` and a quarantined ``raw_line`` name the record's position. The router
 (:mod:`cdcflow.plan.routing`) unwraps it, takes the table from the topic
 (``source.kafka.topic_tables``, else the last dotted part of the topic name) and decodes the
 value in that table's format. Raw newlines between JSON tokens (pretty-printed values) become
 spaces, the same JSON.
 
-Records deleted by retention before they were read, and offsets that went back (a topic
-deleted and created again), are a :class:`KafkaSourceError` (the range cannot be read exactly
-once), never skipped silently. A trigger waits ``poll_timeout`` at most for the next record of
-its planned ranges (the wait starts over with each record). The connection settings' secrets come
-from environment variables or files and are never logged.
+Records deleted by retention before they were read, offsets that went back, a topic deleted
+and created again (its topic id, recorded in the state, changed) and a compacted topic
+(``cleanup.policy`` with ``compact``: compaction removes changes no offset shows) are a
+:class:`KafkaSourceError` (the range cannot be read exactly once), never skipped silently.
+A trigger waits ``poll_timeout`` at most for the next record of its planned ranges (the wait
+starts over with each record). The connection settings' secrets come from environment
+variables or files and are never logged.
 """
 
 from __future__ import annotations
@@ -168,7 +171,14 @@ def envelope_line(
     )
     if value is None:
         return f'{{"{ENVELOPE}":{head},"value":null}}'
-    text = bytes(value).decode("utf-8", "backslashreplace")
+    raw = bytes(value)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # quarantined as a landing line that is not UTF-8 is
+        text = raw.decode("utf-8", "backslashreplace")
+        error = json.dumps(f"not valid UTF-8 at byte {exc.start}")
+        return f'{{"{ENVELOPE}":{head},"value_text":{json.dumps(text)},"value_error":{error}}}'
+    text = text.removeprefix("\ufeff")  # a byte order mark, ignored as at a file's start
     try:
         orjson.loads(text)
         valid = True
@@ -206,6 +216,10 @@ class KafkaSource:
         self._conf = client_settings(self.settings, config.file)
         #: the topics the last trigger found (for the CLI's "nothing new" line)
         self.matched_topics: list[str] | None = None
+        #: topic → its id when first read (a topic deleted and created again has another)
+        self._topic_ids: dict[str, str] = {}
+        #: topics whose cleanup.policy this process has checked
+        self._policy_checked: set[str] = set()
         self._pattern: Any = None
         if self.settings.topic_pattern:
             from cdcflow.model.contracts import compile_re2
@@ -214,12 +228,15 @@ class KafkaSource:
 
     # -- state ------------------------------------------------------------------------------
     def _load(self) -> tuple[dict[str, int], list[Plan]]:
-        """``(next offset per "topic:partition", plans)`` of the write-ahead state."""
+        """``(next offset per "topic:partition", plans)`` of the write-ahead state (and the
+        topic ids it recorded, kept in ``self._topic_ids``)."""
         try:
             raw = self.state.read(STATE_FILE)
             if raw is None:
+                self._topic_ids = {}
                 return {}, []
             data = json.loads(raw.decode("utf-8"))
+            self._topic_ids = {str(k): str(v) for k, v in data.get("topic_ids", {}).items()}
             return (
                 {str(k): int(v) for k, v in data["next"].items()},
                 [Plan.from_json(p) for p in data["plans"]],
@@ -231,7 +248,11 @@ class KafkaSource:
             ) from None
 
     def _save(self, positions: dict[str, int], plans: list[Plan]) -> None:
-        payload = {"next": positions, "plans": [p.to_json() for p in plans]}
+        payload = {
+            "next": positions,
+            "plans": [p.to_json() for p in plans],
+            "topic_ids": self._topic_ids,
+        }
         self.state.replace(STATE_FILE, json.dumps(payload, indent=1, sort_keys=True).encode())
 
     # -- broker -----------------------------------------------------------------------------
@@ -297,6 +318,63 @@ class KafkaSource:
             ) from None
         return int(low), int(high)
 
+    def _check_topics(self, topics: list[str]) -> None:
+        """Stop on a topic that cannot be read exactly once: one deleted and created again
+        since cdcflow first read it (its topic id changed: the new topic's records below the
+        old position would be skipped), or one whose ``cleanup.policy`` compacts (compaction
+        may remove a change — a delete before its tombstone — before cdcflow reads it, which
+        no offset shows). Records the ids of topics seen for the first time.
+
+        Raises:
+            KafkaSourceError: either case (the message says what to do).
+        """
+        if not topics:
+            return
+        kafka = require_kafka()
+        from confluent_kafka.admin import AdminClient, ConfigResource
+
+        admin = AdminClient({k: v for k, v in self._conf.items() if k != "logger"})
+        timeout = min(self._timeout(), 15.0)
+        try:
+            described = admin.describe_topics(
+                kafka.TopicCollection(topics), request_timeout=timeout
+            )
+            ids = {name: str(future.result().topic_id) for name, future in described.items()}
+            unchecked = [t for t in topics if t not in self._policy_checked]
+            policies: dict[str, str] = {}
+            if unchecked:
+                resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in unchecked]
+                for resource, future in admin.describe_configs(
+                    resources, request_timeout=timeout
+                ).items():
+                    entry = future.result().get("cleanup.policy")
+                    policies[resource.name] = str(entry.value) if entry is not None else ""
+        except kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if hasattr(error, "str") else str(error)
+            raise KafkaSourceError(
+                f"cannot describe the topics {', '.join(topics)} ({reason}): cdcflow needs the "
+                "Describe and DescribeConfigs permissions on the topics it reads"
+            ) from None
+        for topic, policy in policies.items():
+            if "compact" in policy.split(","):
+                raise KafkaSourceError(
+                    f"topic {topic} has cleanup.policy={policy}: compaction can remove a change "
+                    "(a delete, before its tombstone) before cdcflow reads it, silently; use "
+                    "cleanup.policy=delete (retention) for change-event topics"
+                )
+            self._policy_checked.add(topic)
+        for topic, topic_id in ids.items():
+            known = self._topic_ids.get(topic)
+            if known is not None and known != topic_id:
+                raise KafkaSourceError(
+                    f"topic {topic} was deleted and created again (its topic id changed): the "
+                    "offsets cdcflow keeps belong to the old topic, so records of the new one "
+                    "would be skipped or read twice; re-snapshot the table, then reset the source "
+                    f"state ({self.state_path})"
+                )
+            self._topic_ids[topic] = topic_id
+
     def _first_offset(self, consumer: Any, topic: str, partition: int) -> int:
         """Where a partition seen for the first time starts (``starting_offsets``)."""
         low, high = self._watermarks(consumer, topic, partition)
@@ -319,7 +397,9 @@ class KafkaSource:
         budget = self.max_records
         ranges = []
         first_trigger = not positions
-        for topic, partition in self._partitions(consumer):
+        partitions = self._partitions(consumer)
+        self._check_topics(sorted({topic for topic, _ in partitions}))
+        for topic, partition in partitions:
             tp = f"{topic}:{partition}"
             low, high = self._watermarks(consumer, topic, partition)
             if tp not in positions:
@@ -341,14 +421,12 @@ class KafkaSource:
                     f"read: re-snapshot the table, then reset the source state ({self.state_path})"
                 )
             until = high
-            if budget is not None:
-                until = min(until, start + budget)
+            if budget is not None:  # a partition past the budget keeps its position for later
+                until = min(until, start + max(budget, 0))
             if until > start:
                 ranges.append(Range(topic, partition, start, until))
                 if budget is not None:
                     budget -= until - start
-                    if budget <= 0:
-                        break
         return Plan(str((self.landing / name).resolve()), tuple(ranges))
 
     def _read(self, consumer: Any, plan: Plan) -> list[str]:
@@ -504,7 +582,7 @@ class KafkaSource:
         monitoring only (a failure is a warning: cdcflow never reads these offsets)."""
         if not self.settings.group_id:
             return
-        paths = {f.path for f in offsets.files}
+        paths = {f.path for f in offsets.files if not f.cut}  # a cut file: its last part
         _, plans = self._load()
         ranges = [r for p in plans if p.path in paths for r in p.ranges]
         if not ranges:

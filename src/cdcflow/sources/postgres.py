@@ -498,14 +498,16 @@ class PostgresSource:
 
 
 def committed_paths(checkpoint: Checkpoint) -> set[str]:
-    """The landing files of every committed micro-batch (absolute paths)."""
+    """The landing files committed whole (absolute paths): a file a micro-batch took to its
+    end (a file cut at a record or byte limit is committed once the batch holding its last
+    part is)."""
     last = checkpoint.last_batch()
     paths: set[str] = set()
     if last is None:
         return paths
     for batch_id in range(last + 1):
         if checkpoint.is_committed(batch_id):
-            paths.update(f.path for f in checkpoint.offsets(batch_id).files)
+            paths.update(f.path for f in checkpoint.offsets(batch_id).files if not f.cut)
     return paths
 
 

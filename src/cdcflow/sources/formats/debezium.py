@@ -23,14 +23,18 @@ change events", "Data type mappings", "Custom converters") and Kafka Connect's J
 * **Logical types** (from the ``schema`` of ``after``/``before`` when present, else from the
   contract's column type): ``org.apache.kafka.connect.data.Decimal`` (base64 two's-complement
   big-endian unscaled bytes, ``parameters.scale``) and ``io.debezium.data.VariableScaleDecimal``
-  (``{"scale", "value"}``) → the exact decimal text; ``io.debezium.time.Date`` /
+  (``{"scale", "value"}``) → the exact decimal text (no bytes, a null or non-text value, or
+  a non-integer scale: ``SCHEMA_MISMATCH``); a decimal field whose Connect type is ``string``
+  or ``double`` (``decimal.handling.mode``) is the number itself, never base64 (its text
+  ``NaN`` / ``Infinity`` is then rejected by the column's type); ``io.debezium.time.Date`` /
   ``org.apache.kafka.connect.data.Date`` (days since 1970-01-01) → ``YYYY-MM-DD``;
   ``io.debezium.time.Timestamp`` / ``org.apache.kafka.connect.data.Timestamp`` (epoch ms),
   ``MicroTimestamp`` (µs), ``NanoTimestamp`` (ns) → ISO-8601 UTC; ``ZonedTimestamp`` (ISO text)
   as it is; ``io.debezium.data.Json`` → its JSON value for a ``json`` column. Without a schema
   an integer for a ``timestamp`` column is read by magnitude (below 10^14: ms; below 10^17:
   µs; else ns) and a non-numeric string for a ``decimal(p,s)`` column as base64 at scale ``s``
-  — turn ``schemas.enable`` on to avoid guessing.
+  (but blank text, ``NaN`` and the infinities are left to the column's type, which rejects
+  them) — turn ``schemas.enable`` on to avoid guessing.
 * **Event time.** ``source.ts_ns``, else ``source.ts_us``, else ``source.ts_ms`` (the time of
   the change in the database), as ISO-8601 UTC.
 * **Sequence** (``lsn_field``, a decimal number below 2**128, by ``source.connector``):
@@ -44,9 +48,9 @@ change events", "Data type mappings", "Custom converters") and Kafka Connect's J
   - ``mysql`` / ``mariadb``: the binlog position compared number by number —
     ``(file index << 96) | (pos << 32) | row`` where the file index is the number after the
     last ``.`` of ``source.file`` (``mysql-bin.000010`` → 10, after ``mysql-bin.000009``).
-  - ``sqlserver``: ``(change_lsn << 32) | event_serial_no`` (``commit_lsn`` when a snapshot
-    row has no ``change_lsn``). Per key this is commit order: a row is changed by one open
-    transaction at a time.
+  - ``sqlserver``: the commit LSN, then the change LSN (:func:`_sqlserver_position`), so a
+    snapshot row loses to a change of a transaction that was open during the snapshot and
+    committed after it, and wins over every change committed before it.
 
   A position that is missing is ``NULL_LSN``; one that is not numeric, too large, or of
   another connector is ``INVALID_LSN``.
@@ -80,6 +84,9 @@ _UNAVAILABLE_B64 = base64.b64encode(UNAVAILABLE.encode()).decode()
 _OPERATIONS = {"c": "INSERT", "r": "INSERT", "u": "UPDATE", "d": "DELETE"}
 _NUMERIC = re.compile(r"^\s*[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$")
 _DIGITS = re.compile(r"^[0-9]+$")
+#: NaN and the infinities as text (PostgreSQL's NUMERIC special values under
+#: ``decimal.handling.mode=string``): never base64, the contract's coercion rejects them.
+_SPECIAL_NUMBER = re.compile(r"^\s*[+-]?(?:nan|inf|infinity)\s*$", re.IGNORECASE)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_DAY = date(1970, 1, 1)
 _BITS_64 = (1 << 64) - 1
@@ -145,6 +152,8 @@ def _unscaled(text: str) -> int:
         ValueError: not base64.
     """
     raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if not raw:  # zero is one byte (AA==): no bytes is no number
+        raise ValueError("no bytes")
     return int.from_bytes(raw, "big", signed=True)
 
 
@@ -175,16 +184,22 @@ def decode_value(value: Any, field: dict[str, Any] | None, column_type: str | No
     if value is None:
         return None
     logical = field.get("name") if field else None
+    # the Connect type of the field: "bytes" for a Decimal; "string" / "double" under
+    # decimal.handling.mode string / double, whose values are the number itself
+    connect_type = field.get("type") if field else None
     kind = parse_type(column_type)[0] if column_type else None
     scale = parse_type(column_type)[2] if kind == "decimal" and column_type else 0
     try:
         if logical == DECIMAL or (
             logical is None
             and kind == "decimal"
+            and connect_type in (None, "bytes")
             and isinstance(value, str)
+            and value.strip()
             and not _NUMERIC.match(value)
+            and not _SPECIAL_NUMBER.match(value)
         ):
-            if not isinstance(value, str):  # decimal.handling.mode string/double
+            if not isinstance(value, str):
                 return value
             if logical == DECIMAL:
                 scale = int((field or {}).get("parameters", {}).get("scale", 0))
@@ -192,7 +207,10 @@ def decode_value(value: Any, field: dict[str, Any] | None, column_type: str | No
         if logical == VARIABLE_DECIMAL or (
             logical is None and kind == "decimal" and isinstance(value, dict)
         ):
-            return _decimal_text(_unscaled(str(value["value"])), int(value["scale"]))
+            unscaled, value_scale = value["value"], value["scale"]
+            if not isinstance(unscaled, str) or not _is_int(value_scale):
+                raise ValueError("VariableScaleDecimal needs a base64 value and an integer scale")
+            return _decimal_text(_unscaled(unscaled), int(value_scale))
         if logical in _DATES or (logical is None and kind == "date" and _is_int(value)):
             return (_EPOCH_DAY + timedelta(days=int(value))).isoformat()
         if logical in _TIMESTAMPS and _is_int(value):
@@ -272,28 +290,58 @@ def position(source: dict[str, Any]) -> tuple[str, int] | None:
         row = _number(source.get("row") or 0, "row", 32)
         return f"{file}:{offset}:{row}", (index << 96) | (offset << 32) | row
     if connector == "sqlserver":
-        from cdcflow.model.lsn import LsnError, parse_lsn
-
-        lsn_text = source.get("change_lsn") or source.get("commit_lsn")
-        if lsn_text is None:
-            return None
-        try:
-            lsn = parse_lsn(lsn_text)
-        except LsnError:
-            raise _BadPosition("source.change_lsn is not a SQL Server LSN") from None
-        if lsn >> 80:
-            raise _BadPosition("source.change_lsn is out of range (80 bits)")
-        serial = _number(source.get("event_serial_no") or 0, "event_serial_no", 32)
-        commit = source.get("commit_lsn")
-        if commit is not None:
-            try:
-                parse_lsn(commit)
-            except LsnError:
-                raise _BadPosition("source.commit_lsn is not a SQL Server LSN") from None
-        return f"{commit or ''}:{str(lsn_text).strip()}:{serial}", (lsn << 32) | serial
+        return _sqlserver_position(source)
     raise _BadPosition(
         "source.connector is missing or not one of postgresql, mysql, mariadb, sqlserver"
     )
+
+
+#: Bits of a SQL Server sequence below the commit LSN: the change's place in its transaction.
+_WITHIN_BITS = 48
+_WITHIN_MAX = (1 << _WITHIN_BITS) - 1
+
+
+def _sqlserver_position(source: dict[str, Any]) -> tuple[str, int] | None:
+    """``(commit LSN:change LSN:event serial, sequence)`` of a SQL Server change.
+
+    The order is the commit LSN's, then the change LSN's (SEMANTICS §11): a snapshot row
+    (``commit_lsn`` = the snapshot's LSN, no ``change_lsn``) orders after every change
+    committed before the snapshot and before every change committed after it — also one whose
+    change LSN is below the snapshot's (a transaction open during the snapshot). The sequence
+    is ``(commit LSN << 48) | within``, ``within`` = ``2**48 - 1 - (commit LSN - change LSN)``
+    (a snapshot row: ``2**48 - 1``, the latest of its commit): exact for the changes of a
+    transaction within one virtual log file (LSN ``vlf:block:slot``, the lower 48 bits); earlier
+    ones of a transaction spanning files tie at 0 and are ordered by their event ids, whose
+    fixed-width LSN texts compare in LSN order. ``event_serial_no`` only tells apart events of
+    one change LSN, which belong to different keys (a primary-key change), so it does not order.
+
+    Raises:
+        _BadPosition: an LSN that is not a SQL Server LSN or beyond 80 bits, a change after its
+            commit, a bad ``event_serial_no``.
+    """
+    from cdcflow.model.lsn import LsnError, parse_lsn
+
+    commit_text, change_text = source.get("commit_lsn"), source.get("change_lsn")
+    if commit_text is None and change_text is None:
+        return None
+    lsns = {}
+    for name, text in (("commit_lsn", commit_text), ("change_lsn", change_text)):
+        if text is None:
+            continue
+        try:
+            lsns[name] = parse_lsn(text)
+        except LsnError:
+            raise _BadPosition(f"source.{name} is not a SQL Server LSN") from None
+        if lsns[name] >> 80:
+            raise _BadPosition(f"source.{name} is out of range (80 bits)")
+    commit = lsns.get("commit_lsn", lsns.get("change_lsn", 0))
+    change = lsns.get("change_lsn", commit)
+    if change > commit:
+        raise _BadPosition("source.change_lsn is after source.commit_lsn")
+    serial = _number(source.get("event_serial_no") or 0, "event_serial_no", 32)
+    within = _WITHIN_MAX - min(commit - change, _WITHIN_MAX)
+    shown = str(change_text or commit_text).strip()
+    return f"{commit_text or ''}:{shown}:{serial}", (commit << _WITHIN_BITS) | within
 
 
 def _timestamp(source: dict[str, Any]) -> str | int | None:

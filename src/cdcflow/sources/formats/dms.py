@@ -11,10 +11,14 @@ flat one):
 * ``record-type`` ``control`` (table DDL, …) is skipped as ``control``; ``data`` records
   carry ``operation`` ``load`` (full load) / ``insert`` → INSERT, ``update`` → UPDATE,
   ``delete`` → DELETE (any other is ``INVALID_OPERATION``).
-* The sequence: these messages carry no log position. A full-load row has the position 0 and
-  every change the position 1, so a full-load row orders before every change of the same key;
-  then ``metadata.timestamp`` (the change's time, microseconds) orders the changes, then the
-  event id.
+* The sequence: a full-load row has the position 0, so it orders before every change of the
+  same key. A change's position is its ``AR_H_CHANGE_SEQ`` when the task adds that header
+  column to ``data`` (a transformation rule ``add-column`` with the expression
+  ``$AR_H_CHANGE_SEQ``: a 35-digit number, compared as a number, not as text); without it
+  the message carries no log position, every change has the position 1 and
+  ``metadata.timestamp`` (the change's time, microseconds) orders the changes, then the event
+  id — changes of one key within the timestamp's precision may then apply out of order: add
+  the header column.
 * Event id: ``dms-<transaction-id, 20 digits>-<transaction-record-id, 10 digits>`` when the
   task includes transaction details (``IncludeTransactionDetails``: changes of one transaction
   at one timestamp then keep their source order), else ``dms-`` + the first 32 hex digits of
@@ -156,7 +160,15 @@ class DmsDecoder:
         put_path(flat, contract.operation_field, operation)
         if metadata.get("timestamp") is not None:
             put_path(flat, contract.timestamp_field, metadata["timestamp"])
-        put_path(flat, contract.lsn_field, LOAD_POSITION if is_load else CHANGE_POSITION)
+        data = record.get("data")
+        change_seq = data.get("AR_H_CHANGE_SEQ") if isinstance(data, dict) else None
+        if is_load:
+            position: Any = LOAD_POSITION
+        elif change_seq is not None and str(change_seq).strip():
+            position = change_seq  # the task adds the header column: the source's order
+        else:
+            position = CHANGE_POSITION
+        put_path(flat, contract.lsn_field, position)
         out_meta = flat.setdefault("metadata", {})
         if isinstance(out_meta, dict):
             out_meta.setdefault(
