@@ -295,3 +295,30 @@ def test_an_unexpected_error_quotes_no_rows(tmp_path: Path) -> None:
     shown = without_rows(str(raised.value))
     assert "ann@example.com" not in shown and "failed validation check" in shown
     assert without_rows("no rows here") == "no rows here"
+
+
+def test_an_object_store_failure_is_one_short_line_that_names_the_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """delta-rs' object store errors carry colour codes and the store's whole XML body: the
+    CLI prints one line without either, cut to a few hundred characters, that says which
+    settings to check."""
+    from cdcflow import pipeline
+    from cdcflow.cli import app as cli_app
+    from cdcflow.config import CdcflowConfig
+
+    body = "<Error><Code>NoSuchBucket</Code>" + "<Detail>x</Detail>" * 200 + "</Error>"
+
+    def crash(*_: object, **__: object) -> None:
+        raise OSError(f"Kernel error -> Generic S3 error | \x1b[31m↳\x1b[0m {body}")
+
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", crash)
+    monkeypatch.setattr(cli_app, "load_config", lambda path: CdcflowConfig())
+    monkeypatch.setattr(sys, "argv", ["cdcflow", "run", "--config", "x.yaml"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_app.main()
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\\x1b" not in err and "\x1b" not in err
+    assert "storage.root" in err and "AWS_ENDPOINT_URL" in err and "NoSuchBucket" in err
+    assert len(err) < 700

@@ -174,3 +174,21 @@ def test_emulator_refuses_a_folder_with_a_question_mark(tmp_path: Path) -> None:
         f"storage: {{root: '{tmp_path}/q?m/lake'}}\nsnowflake: {{emulator_path: '{tmp_path}/e'}}\n"
     )
     assert emulator_path(load_config(path)) == str(tmp_path / "e")
+
+
+def test_an_object_store_lakehouse_keeps_its_checkpoint_beside_it() -> None:
+    """Without ``checkpoint.location`` a lakehouse on an object store keeps its checkpoint
+    under its root (not in a local folder of the working directory); a location given, or a
+    local root, is kept as it is."""
+    from cdcflow.config import CdcflowConfig
+
+    def location(raw: dict) -> str:
+        return CdcflowConfig.model_validate(raw).checkpoint.location
+
+    assert location({"storage": {"root": "s3://b/lake/"}}) == "s3://b/lake/_checkpoints/customers"
+    named = {"pipeline": {"name": "shop"}, "storage": {"root": "az://c/lake"},
+             "checkpoint": {"lease_ttl": "40s"}}  # fmt: skip
+    assert location(named) == "az://c/lake/_checkpoints/shop"
+    given = {"storage": {"root": "s3://b/lake"}, "checkpoint": {"location": "s3://b/ck"}}
+    assert location(given) == "s3://b/ck"
+    assert location({"storage": {"root": "./l"}}) == "./lakehouse/_checkpoints/customers"

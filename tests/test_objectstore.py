@@ -108,6 +108,67 @@ def test_an_expired_lease_is_taken_over_and_its_holder_cannot_commit(store_prefi
     assert taker.offsets(0) == _offsets(0)
 
 
+def test_a_stalled_holder_stops_at_expiry_before_a_renewal_tells_it(store_prefix: str) -> None:
+    """A holder whose renewals stopped (a stalled process) refuses to write at its lease's
+    expiry by its own clock, before any renewal has found the new owner."""
+    storage = ObjectStorage(store_prefix)
+    stalled = Lease(storage, timedelta(seconds=3))
+    stalled.acquire()
+    stalled._stop.set()
+    stalled.check()  # valid now
+    time.sleep(2.6)  # past ttl less the margin (ttl / 6)
+    with pytest.raises(CheckpointError, match="expired without renewal"):
+        stalled.check()
+    stalled.release()
+
+
+def test_a_failing_renewal_keeps_the_lease_while_valid_then_loses_it(store_prefix: str) -> None:
+    """A store that refuses the renewals (an expired session token, a policy change): the
+    renewal logs and retries, never kills its thread or raises; once the lease's validity has
+    run out it is lost, and releasing it does not raise either."""
+    storage = ObjectStorage(store_prefix)
+    lease = Lease(storage, timedelta(seconds=3))
+    lease.acquire()
+    lease._stop.set()
+    real_swap = storage.swap
+
+    def refused(*_: object, **__: object) -> str | None:
+        raise PermissionError("403 Forbidden")
+
+    storage.swap = refused  # type: ignore[method-assign]
+    lease.renew()  # fails, still valid
+    lease.check()
+    time.sleep(2.6)
+    lease.renew()  # fails after the validity: lost
+    with pytest.raises(CheckpointError, match="lost the checkpoint's lease"):
+        lease.check()
+    lease._lost = False
+    lease.release()  # the store refuses: a warning, not an error
+    storage.swap = real_swap  # type: ignore[method-assign]
+
+
+def test_a_stray_commit_marker_and_garbage_are_refused_not_trusted(store_prefix: str) -> None:
+    """A commit marker of a batch without offsets (copied from elsewhere) is refused when the
+    batch's offsets would be written (after a crash it would make the batch look done); a
+    subfolder of ``offsets/`` holds no batches; a lease object that is no cdcflow lease does
+    not stop a run."""
+    storage = ObjectStorage(store_prefix)
+    checkpoint = Checkpoint(store_prefix)
+    checkpoint.write_offsets(_offsets(0))
+    checkpoint.write_commit(0, {})
+    storage.replace("commits/1.json", b'{"batch_id": 1}')
+    with pytest.raises(CheckpointError, match=r"commits/1\.json exists but micro-batch 1"):
+        checkpoint.write_offsets(_offsets(1))
+    assert not checkpoint.has_batch(1)
+    storage.replace("offsets/old/7.json", b"{}")
+    assert checkpoint.last_batch() == 0
+    naive = b'{"owner": "x", "pid": 1, "host": "h", "since": "s", "expires_at": "2999-01-01"}'
+    for garbage in (b"{", naive, b'{"expires_at": "tomorrow"}'):
+        storage.replace("lock", garbage)
+        with checkpoint.lock():
+            assert checkpoint.holder().startswith("pid ")
+
+
 def test_racing_runs_take_the_lease_once(store_prefix: str) -> None:
     """Eight threads try to take a free lease at the same moment: exactly one gets it."""
     storage = ObjectStorage(store_prefix)

@@ -92,6 +92,12 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
     check = _status(workdir, "--check")
     assert check.returncode == 1
     assert check.stderr.strip() == "unhealthy: stopped: no run holds the checkpoint's lock"
+    # a replay's batch_log row is no micro-batch: neither counted nor in the throughput
+    replay = cdcflow("replay", "--config", "cdcflow.yaml", "--apply", cwd=workdir)
+    assert replay.returncode == 0, replay.stderr
+    assert _lake(workdir, "audit/batch_log")["kind"].to_list().count("replay") == 1
+    after = json.loads(_status(workdir, "--output", "json").stdout)
+    assert after["batches"] == 1 and after["recent"]["records"] == log["records_received"]
 
 
 def test_check_while_running_and_after_a_kill(workdir: Path) -> None:

@@ -222,7 +222,9 @@ class CheckpointSection(_Section):
     an object-store URI (``s3://``, ``az://``/``abfss://``, ``gs://``; credentials and
     endpoints from ``storage.options`` and the environment). ``lease_ttl``: on an object
     store the run lock is a lease renewed every third of this; a killed run's lease ends
-    after it (default 30s)."""
+    after it (default 30s). Without ``location``: ``./lakehouse/_checkpoints/customers``, or
+    ``<storage.root>/_checkpoints/<pipeline.name>`` when ``storage.root`` is an object-store
+    URI."""
 
     location: str = "./lakehouse/_checkpoints/customers"
     lease_ttl: Duration = timedelta(seconds=30)
@@ -503,6 +505,13 @@ class CdcflowConfig(BaseSettings):
         tables on S3 too."""
         from cdcflow.state.storage import is_object_uri
 
+        if is_object_uri(self.storage.root) and "location" not in self.checkpoint.model_fields_set:
+            # a lakehouse on an object store keeps its checkpoint beside it, never in a local
+            # folder of whatever directory a command runs from (a run from another directory
+            # would start an empty checkpoint against the same tables)
+            self.checkpoint.location = (
+                f"{self.storage.root.rstrip('/')}/_checkpoints/{self.pipeline.name}"
+            )
         if not is_object_uri(self.checkpoint.location):
             return self
 

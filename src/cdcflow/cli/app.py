@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import traceback
 import unicodedata
@@ -77,6 +78,32 @@ def without_rows(message: str) -> str:
         if cut >= 0:
             message = message[:cut].rstrip() + " (rows not shown: they may hold personal data)"
     return message
+
+
+#: Terminal colour codes some libraries put in their messages (object_store's "↳" chains).
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: Marks of an object store failure in delta-rs / obstore messages and exception modules.
+_OBJECT_STORE = ("Generic S3 error", "Generic MicrosoftAzure error", "Generic GCS error")
+#: The longest library message quoted in an unexpected error (an S3 XML body can be long).
+_QUOTED = 300
+
+
+def unexpected_message(exc: BaseException) -> str:
+    """The one-line message of an unexpected exception: its type and text, without table rows,
+    colour codes or more than ``_QUOTED`` characters of the library's text; an object store
+    failure says which settings to check."""
+    text = _ANSI.sub("", without_rows(str(exc))).strip()
+    if len(text) > _QUOTED:
+        text = text[:_QUOTED] + "…"
+    module = type(exc).__module__ or ""
+    if module.startswith("obstore") or any(mark in str(exc) for mark in _OBJECT_STORE):
+        return (
+            f"the object store of storage.root / checkpoint.location failed "
+            f"({type(exc).__name__}: {text}); check the bucket or container, the endpoint "
+            "(AWS_ENDPOINT_URL, storage.options; AWS_ALLOW_HTTP for http://) and the "
+            "credentials (environment variables or storage.options)"
+        )
+    return f"unexpected {type(exc).__name__}: {text}"
 
 
 def print_error(message: str) -> None:
@@ -358,5 +385,5 @@ def main() -> None:
             sys.exit(int(getattr(exc, "exit_code", 2)))
         if _state["debug"]:
             traceback.print_exc()
-        print_error(f"unexpected {type(exc).__name__}: {without_rows(str(exc))}")
+        print_error(unexpected_message(exc))
         sys.exit(1)

@@ -132,7 +132,8 @@ def erase(
     from cdcflow.engines.local.maintenance import checkpoint_lock
     from cdcflow.state.checkpoint import Checkpoint
 
-    with checkpoint_lock(Checkpoint.of(cfg), wait=patience), working("erase") as work:
+    lock = checkpoint_lock(Checkpoint.of(cfg), wait=patience, command="erase")
+    with lock, working("erase") as work:
         report = er.erase(
             cfg, name, keys, reason=reason, dry_run=dry_run, confirmed=yes,
             on_step=lambda step: work.update(detail=step),

@@ -373,6 +373,8 @@ def pipeline_status(
     status.backlog = _backlog(config)
     status.quarantine = _quarantine(config, now - QUARANTINE_WINDOW)
     batches = read_table(config, "audit/batch_log")
+    if batches is not None and "kind" in batches.columns:  # micro-batches, not replays
+        batches = batches.filter(pl.col("kind").fill_null("stream") == "stream")
     if batches is not None and batches.height:
         from cdcflow.layers.lag import end_to_end_lag
 

@@ -207,11 +207,20 @@ class Checkpoint:
         put-if-absent).
 
         Raises:
-            CheckpointError: on an object store, another run wrote different offsets for this
-                batch first, or this run lost its lease.
+            CheckpointError: a commit marker of this batch exists without its offsets (a
+                stray marker would make the batch look done after a crash); on an object
+                store, another run wrote different offsets for this batch first, or this run
+                lost its lease.
         """
         payload = _json(offsets.to_json())
         name = f"offsets/{offsets.batch_id}.json"
+        if self.is_committed(offsets.batch_id) and not self.has_batch(offsets.batch_id):
+            raise CheckpointError(
+                f"{self.location}: commits/{offsets.batch_id}.json exists but micro-batch "
+                f"{offsets.batch_id} has no offsets: a commit marker this checkpoint did not "
+                "write (copied from another checkpoint?); remove it, or restore the offsets it "
+                "belongs to, and run again (nothing was written)"
+            )
         if not self._write(name, payload) and self.storage.read(name) != payload:
             raise CheckpointError(
                 f"{self.location}: micro-batch {offsets.batch_id}'s offsets were written by "

@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdcflow.errors import CheckpointError, ConfigError
+from cdcflow.logs import get_logger
+
+log = get_logger("state.storage")
 
 #: schemes of the object stores a checkpoint (and ``storage.root``) may name
 OBJECT_SCHEMES = ("s3", "s3a", "az", "abfs", "abfss", "adl", "azure", "gs", "gcs")
@@ -223,10 +227,12 @@ class ObjectStorage:
 
     def ids(self, folder: str) -> list[int]:
         found = []
-        for chunk in self._obstore.list(self.store, prefix=f"{folder}/"):
+        prefix = f"{folder}/"
+        for chunk in self._obstore.list(self.store, prefix=prefix):
             for meta in chunk:
-                stem = meta["path"].rsplit("/", 1)[-1]
-                if stem.endswith(".json") and stem[:-5].isdigit():
+                stem = meta["path"][len(prefix) :]
+                # the folder's own objects only (as a local folder's), not a subfolder's
+                if "/" not in stem and stem.endswith(".json") and stem[:-5].isdigit():
                     found.append(int(stem[:-5]))
         return sorted(found)
 
@@ -307,18 +313,22 @@ class LeaseHolder:
 
 
 def read_lease(payload: bytes | None) -> LeaseHolder | None:
-    """The holder a lease object names, or None (no object, released, or unreadable)."""
+    """The holder a lease object names, or None (no object, released, or unreadable: not JSON,
+    a field missing, an expiry that is no ISO-8601 instant with an offset)."""
     if not payload:
         return None
     try:
         data = json.loads(payload)
-        return LeaseHolder(
+        holder = LeaseHolder(
             owner=str(data["owner"]),
             pid=int(data["pid"]),
             host=str(data["host"]),
             since=str(data["since"]),
             expires_at=str(data["expires_at"]),
         )
+        if datetime.fromisoformat(holder.expires_at).tzinfo is None:
+            return None  # cdcflow writes UTC instants: not a lease of a cdcflow run
+        return holder
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -329,8 +339,13 @@ class Lease:
     Taken when the object is missing, released, or expired (a killed run's lease ends after
     ``ttl``), with a conditional put on the ETag read, so two runs racing for it cannot both
     win. A background thread renews it every ``ttl / 3``; when a renewal finds another owner
-    (this run was stalled past its expiry and another took over) the lease is **lost**:
-    :meth:`check` raises, and the checkpoint refuses to write offsets or a commit marker.
+    (this run was stalled past its expiry and another took over) the lease is **lost**; when
+    renewals fail (the store refuses or does not answer) it is kept while it is valid — until
+    ``ttl`` after the last successful write, by this process's monotonic clock, less a safety
+    margin of ``ttl / 6`` — and lost after. A lost or expired lease makes :meth:`check` raise,
+    and the checkpoint refuses to write offsets, state or a commit marker. Other runs judge
+    expiry by the lease object's ``expires_at`` and their own clock: hosts sharing a checkpoint
+    need clocks within the margin of each other (NTP).
 
     Args:
         storage: the checkpoint's object storage.
@@ -346,6 +361,9 @@ class Lease:
         self.since = datetime.now(UTC).isoformat(timespec="seconds")
         self._e_tag: str | None = None
         self._lost = False
+        #: monotonic time until which this run holds the lease for certain
+        self._valid_until = 0.0
+        self._margin = ttl.total_seconds() / 6
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._guard = threading.Lock()
@@ -368,6 +386,7 @@ class Lease:
             CheckpointError: a live lease of another run holds it (the message names it).
         """
         now = datetime.now(UTC)
+        started = time.monotonic()
         current = self.storage.read_tagged(self.name)
         if current is not None:
             holder = read_lease(current[0])
@@ -385,6 +404,7 @@ class Lease:
                 "at the same moment"
             )
         self._e_tag = e_tag
+        self._valid_until = started + self.ttl.total_seconds()
         self._thread = threading.Thread(target=self._renew_loop, name="cdcflow-lease", daemon=True)
         self._thread.start()
 
@@ -393,15 +413,28 @@ class Lease:
             self.renew()
 
     def renew(self) -> None:
-        """Extend the lease by ``ttl`` (marks it lost when another run owns it now)."""
+        """Extend the lease by ``ttl``. Marks it lost when another run owns it now, or when
+        the store fails and the lease's validity has run out (a failure before that is
+        logged and retried at the next renewal). Never raises."""
         with self._guard:
             if self._lost or self._e_tag is None:
                 return
-            e_tag = self.storage.swap(self.name, self._payload(datetime.now(UTC)), self._e_tag)
+            started = time.monotonic()
+            try:
+                e_tag = self.storage.swap(self.name, self._payload(datetime.now(UTC)), self._e_tag)
+            except Exception as exc:  # the store refused or failed: keep it while valid
+                log.warning(
+                    "checkpoint lease not renewed",
+                    extra={"error": type(exc).__name__, "location": self.storage.location},
+                )
+                if time.monotonic() >= self._valid_until - self._margin:
+                    self._lost = True
+                return
             if e_tag is None:
                 self._lost = True
             else:
                 self._e_tag = e_tag
+                self._valid_until = started + self.ttl.total_seconds()
 
     def check(self) -> None:
         """Raise when the lease is lost or has expired without renewal.
@@ -411,8 +444,14 @@ class Lease:
         """
         if self._lost:
             raise CheckpointError(
-                f"{self.storage.location}: this run lost the checkpoint's lease to another "
-                "run (it was stalled past the lease's expiry); it stops without committing"
+                f"{self.storage.location}: this run lost the checkpoint's lease (another run "
+                "took it, or renewing it failed until it expired); it stops without committing"
+            )
+        if self._e_tag is not None and time.monotonic() >= self._valid_until - self._margin:
+            raise CheckpointError(
+                f"{self.storage.location}: this run's checkpoint lease expired without renewal "
+                "(the process was stalled or the store did not answer); it stops without "
+                "committing"
             )
 
     def release(self) -> None:
@@ -422,7 +461,13 @@ class Lease:
             self._thread.join()
         with self._guard:
             if not self._lost and self._e_tag is not None:
-                self.storage.swap(self.name, b"", self._e_tag)
+                try:
+                    self.storage.swap(self.name, b"", self._e_tag)
+                except Exception as exc:  # it then ends by expiry
+                    log.warning(
+                        "checkpoint lease not released (it expires by itself)",
+                        extra={"error": type(exc).__name__, "location": self.storage.location},
+                    )
             self._e_tag = None
 
 

@@ -53,12 +53,15 @@ _LOCK_POLL_SECONDS = 0.2
 
 
 @contextmanager
-def checkpoint_lock(checkpoint: Checkpoint, wait: timedelta | None = None) -> Iterator[None]:
+def checkpoint_lock(
+    checkpoint: Checkpoint, wait: timedelta | None = None, command: str = "optimize"
+) -> Iterator[None]:
     """Hold the checkpoint's run lock, waiting up to ``wait`` for a running pipeline to end.
 
     Args:
         checkpoint: the pipeline's checkpoint (:meth:`Checkpoint.of` its config).
         wait: how long to wait for the lock (None or 0: do not wait).
+        command: the command that needs it (named in the error).
 
     Raises:
         CheckpointError: another process still holds the lock (one line, says what to do).
@@ -77,7 +80,7 @@ def checkpoint_lock(checkpoint: Checkpoint, wait: timedelta | None = None) -> It
                     by = f" ({holder})" if holder else ""
                     raise CheckpointError(
                         f"{location}: a running cdcflow pipeline (or replay) holds this "
-                        f"checkpoint's lock{by}{waited}; optimize runs between runs: try again "
+                        f"checkpoint's lock{by}{waited}; {command} runs between runs: try again "
                         "when it has stopped (or pass --wait, e.g. --wait 10m)"
                     ) from None
                 time.sleep(_LOCK_POLL_SECONDS)
