@@ -59,6 +59,7 @@ def test_env_override_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         ("processing: {late_event_threshold: soon}\n", "processing.late_event_threshold"),
         ("storage: {root: '${NOT_SET_ANYWHERE}'}\n", "NOT_SET_ANYWHERE"),
         ("- a list\n", "mapping"),
+        ("spark: {codegen_min_bytes: -1}\n", "spark.codegen_min_bytes"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, fragment: str) -> None:

@@ -148,8 +148,15 @@ def test_the_session_runs_on_the_configured_master(spark: Any) -> None:
 def test_scenarios_match_local_engine(
     spark: Any, tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both delete modes against the local engine; ``soft`` with the small micro-batches'
+    interpreted expressions (the default below ``spark.codegen_min_bytes``), ``hard`` with
+    Spark's generated code (``codegen_min_bytes: 0``), as a large micro-batch runs."""
+    from cdcflow.engines.spark.engine import INTERPRETED, SparkEngine
+
     local = Lake(tmp_path / "local", mode=mode)
     other = spark_lake(tmp_path / "spark", mode=mode)
+    if mode == "hard":
+        other.config.spark.codegen_min_bytes = 0
     run_workload(local, workload(mode))
 
     def on_the_driver(*args: Any, **kwargs: Any) -> None:
@@ -157,11 +164,24 @@ def test_scenarios_match_local_engine(
 
     # Gold by Spark: the local refresh (delta-rs + Polars on the driver) is never called
     monkeypatch.setattr("cdcflow.engines.local.gold.refresh_gold", on_the_driver)
+    # what each micro-batch ran with: the session's code-generation settings inside the batch
+    seen: list[dict[str, str | None]] = []
+    run_files = SparkEngine._run_files
+
+    def watched(self: SparkEngine, *args: Any) -> Any:
+        seen.append({key: self.spark.conf.get(key, None) for key in INTERPRETED})
+        return run_files(self, *args)
+
+    monkeypatch.setattr(SparkEngine, "_run_files", watched)
     scheduler = spark.sparkContext._jsc.sc().dagScheduler()
     jobs_before = scheduler.nextJobId()  # Spark's job ids: one sequence per SparkContext
     run_workload(other, workload(mode))
     jobs_run = scheduler.nextJobId() - jobs_before
     monkeypatch.undo()
+    assert len(seen) == 2, seen
+    assert seen == [INTERPRETED] * 2 if mode == "soft" else INTERPRETED not in seen, seen
+    # and the session's own settings are back after each micro-batch
+    assert all(spark.conf.get(key, None) != value for key, value in INTERPRETED.items())
     same_tables(local, other)
     for lake in (local, other):  # each engine against the oracle, not only each other
         check_against_oracle(lake, len(lake.arrival))

@@ -407,11 +407,20 @@ class SparkSection(_Section):
     ``master``: Spark master URL (``local[2]`` by default; a cluster URL otherwise).
     ``jars_dir``: folder of the Delta jars fetched by ``scripts/spark/fetch-jars.sh``.
     ``conf``: extra Spark configuration entries (key → value), applied last.
+    ``codegen_min_bytes``: a micro-batch of landing files smaller than this (bytes read, all
+    files together, compressed bytes for ``.jsonl.gz``; default 8 MiB) runs Spark's
+    interpreted expressions instead of generated code (``spark.sql.codegen.wholeStage=false``,
+    ``spark.sql.codegen.factoryMode=NO_CODEGEN`` for that micro-batch): generating and
+    compiling the code of each plan costs more than the rows of a small micro-batch
+    (docs/spark.md, "Per micro-batch"). 0: always generate code. Kafka micro-batches, whose
+    size is not known before they are read, always generate code, and so does every
+    micro-batch when ``conf`` sets either key.
     """
 
     master: str = "local[2]"
     jars_dir: str = ".spark-jars"
     conf: dict[str, str] = Field(default_factory=dict)
+    codegen_min_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
 
 
 class CdcflowConfig(BaseSettings):

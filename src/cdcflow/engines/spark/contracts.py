@@ -70,7 +70,7 @@ from cdcflow.engines.spark.engine import (
 from cdcflow.engines.spark.fold import with_truncates
 from cdcflow.layers.contract_tables import ContractTables, contract_tables, fold_columns
 from cdcflow.layers.schema_log import infer_type
-from cdcflow.layers.tables import BATCH_LOG, TableSpec
+from cdcflow.layers.tables import BATCH_LOG
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.lsn import LSN_KEY_WIDTH
@@ -675,16 +675,6 @@ class SparkContractsEngine(SparkEngine):
             self.contracts[i] = evolved[0]
             for spec in vars(contract_tables(contract)).values():
                 self._schemas.pop(spec.name, None)  # its Delta schema changed
-
-    def _append_rows(
-        self, rows: list[dict[str, Any]], spec: TableSpec, batch_id: int, app_id: str | None = None
-    ) -> None:
-        """Append driver-side rows (audit tables) under the app transaction (``app_id``:
-        another than the pipeline's)."""
-        if not rows or self._txn(spec, batch_id, app_id):
-            return
-        table = pa.Table.from_pylist(rows, schema=spec.schema)
-        self._append(self.spark.createDataFrame(table), spec, batch_id, app_id)
 
     def _run_table(
         self,

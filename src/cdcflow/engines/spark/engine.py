@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import (
     DeltaStore,
+    append_once,
     merge_files_rewritten,
     nothing_expired,
     txn_done,
@@ -99,6 +100,14 @@ def check_source(config: CdcflowConfig, kafka: bool = False) -> None:
             "source.min_file_age: not supported by pipeline.engine: spark (its file source "
             "lists a file once); use the local engine for writers that append in place"
         )
+
+
+#: Spark settings of a small micro-batch (:meth:`SparkEngine._execution`): interpreted
+#: expressions, no whole-stage code generation.
+INTERPRETED = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
 
 
 class SparkEngine:
@@ -313,6 +322,25 @@ class SparkEngine:
             .save(self.config.table_uri(spec.name))
         )
 
+    def _append_rows(
+        self, rows: list[dict[str, Any]], spec: TableSpec, batch_id: int, app_id: str | None = None
+    ) -> None:
+        """Append driver-side rows (an audit table's rows of the micro-batch: one per batch or
+        per table, never proportional to the data) under the app transaction (``app_id``:
+        another than the pipeline's), with delta-rs from the driver.
+
+        Not a Spark write: delta-spark appending one row costs a job, a Delta state rebuild
+        to check the app transaction and a commit, about a second per micro-batch on a small
+        machine (docs/spark.md, "Per micro-batch"); delta-rs commits it in milliseconds. The
+        tables stay one Delta table either engine continues.
+        """
+        if not rows:
+            return
+        import pyarrow as pa
+
+        table = pa.Table.from_pylist(rows, schema=spec.schema)
+        append_once(self.store.table(spec), table, app_id or self.app_id, batch_id, spec)
+
     @contextmanager
     def _txn_conf(self, app_id: str, batch_id: int) -> Iterator[None]:
         conf = self.spark.conf
@@ -355,6 +383,41 @@ class SparkEngine:
         tracker = self.spark.sparkContext.statusTracker()
         return len(tracker.getJobIdsForGroup(self._group))
 
+    @contextmanager
+    def _execution(self, frame: DataFrame, offsets: BatchOffsets) -> Iterator[None]:
+        """Run the block with Spark's interpreted expressions when the micro-batch is small.
+
+        A micro-batch of landing files of fewer than ``spark.codegen_min_bytes`` bytes runs
+        with ``INTERPRETED`` (no whole-stage code generation, no generated expressions): a
+        micro-batch of about a thousand records spent more than a third of its time generating
+        and compiling code (a profile of the driver and its tasks; docs/spark.md). The settings
+        are the session's (the streaming query's and the engine's sessions) for the block only,
+        and restored afterwards; a ``spark.conf`` that sets them explicitly wins.
+        """
+        size = sum(f.size - f.start for f in offsets.files)  # bytes read (.gz: compressed)
+        small = bool(offsets.files) and size < self.config.spark.codegen_min_bytes
+        if not small or any(key in self.config.spark.conf for key in INTERPRETED):
+            yield
+            return
+        confs = [self.spark.conf]
+        if frame.sparkSession is not self.spark:
+            confs.append(frame.sparkSession.conf)
+        previous: list[dict[str, str | None]] = [
+            {key: conf.get(key, None) for key in INTERPRETED} for conf in confs
+        ]
+        for conf in confs:
+            for key, setting in INTERPRETED.items():
+                conf.set(key, setting)
+        try:
+            yield
+        finally:
+            for conf, before in zip(confs, previous, strict=True):
+                for key, value in before.items():
+                    if value is None:
+                        conf.unset(key)
+                    else:
+                        conf.set(key, value)
+
     def _process(self, frame: DataFrame, spark_batch_id: int) -> None:
         started = time.perf_counter()
         with self._job_group(spark_batch_id):
@@ -362,7 +425,8 @@ class SparkEngine:
             if taken is None:
                 return
             offsets, meta = taken
-            report = self._run_files(frame, meta, offsets, started)
+            with self._execution(frame, offsets):
+                report = self._run_files(frame, meta, offsets, started)
         crash_point("before_commit", offsets.batch_id)
         self.checkpoint.write_commit(
             offsets.batch_id, {"committed_at": _now(), "silver_version": report.silver_version}
@@ -543,11 +607,7 @@ class SparkEngine:
             crash_point("after_outcomes", batch_id)
             report.duration_ms = int((time.perf_counter() - started) * 1000)
             report.spark_jobs = self._jobs_so_far()
-            if not self._txn(BATCH_LOG, batch_id):
-                import pyarrow as pa
-
-                row = pa.Table.from_pylist([report.row()], schema=BATCH_LOG.schema)
-                self._append(self.spark.createDataFrame(row.to_pandas()), BATCH_LOG, batch_id)
+            self._append_rows([report.row()], BATCH_LOG, batch_id)
         crash_point("after_audit", batch_id)
         for cached in (records, classified, outcomes, *self._cached):
             cached.unpersist()
