@@ -67,6 +67,7 @@ from cdcflow.state.faults import crash_point
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.conf import RuntimeConfig
 
     from cdcflow.pipeline import Trigger
 
@@ -108,6 +109,30 @@ INTERPRETED = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+
+
+@contextmanager
+def session_settings(confs: list[RuntimeConfig], settings: dict[str, str]) -> Iterator[None]:
+    """Set ``settings`` (key → value) on each session configuration for the block, then give
+    each key back the value it had before (unset when it had none).
+
+    Args:
+        confs: runtime configurations (``SparkSession.conf``) of the sessions concerned.
+        settings: the Spark SQL settings of the block.
+    """
+    previous = [{key: conf.get(key, None) for key in settings} for conf in confs]
+    for conf in confs:
+        for key, value in settings.items():
+            conf.set(key, value)
+    try:
+        yield
+    finally:
+        for conf, before in zip(confs, previous, strict=True):
+            for key, old in before.items():
+                if old is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, old)
 
 
 class SparkEngine:
@@ -334,23 +359,19 @@ class SparkEngine:
         machine (docs/spark.md, "Per micro-batch"); delta-rs commits it in milliseconds. The
         tables stay one Delta table either engine continues.
         """
-        if not rows:
-            return
         import pyarrow as pa
 
-        table = pa.Table.from_pylist(rows, schema=spec.schema)
+        table = pa.Table.from_pylist(rows, schema=spec.schema)  # no rows: append_once skips
         append_once(self.store.table(spec), table, app_id or self.app_id, batch_id, spec)
 
     @contextmanager
     def _txn_conf(self, app_id: str, batch_id: int) -> Iterator[None]:
-        conf = self.spark.conf
-        conf.set("spark.databricks.delta.write.txnAppId", app_id)
-        conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
-        try:
+        txn = {
+            "spark.databricks.delta.write.txnAppId": app_id,
+            "spark.databricks.delta.write.txnVersion": str(batch_id),
+        }
+        with session_settings([self.spark.conf], txn):
             yield
-        finally:
-            conf.unset("spark.databricks.delta.write.txnAppId")
-            conf.unset("spark.databricks.delta.write.txnVersion")
 
     def _read(self, spec: TableSpec, version: int | None = None) -> DataFrame:
         reader = self.spark.read.format("delta")
@@ -402,21 +423,8 @@ class SparkEngine:
         confs = [self.spark.conf]
         if frame.sparkSession is not self.spark:
             confs.append(frame.sparkSession.conf)
-        previous: list[dict[str, str | None]] = [
-            {key: conf.get(key, None) for key in INTERPRETED} for conf in confs
-        ]
-        for conf in confs:
-            for key, setting in INTERPRETED.items():
-                conf.set(key, setting)
-        try:
+        with session_settings(confs, INTERPRETED):
             yield
-        finally:
-            for conf, before in zip(confs, previous, strict=True):
-                for key, value in before.items():
-                    if value is None:
-                        conf.unset(key)
-                    else:
-                        conf.set(key, value)
 
     def _process(self, frame: DataFrame, spark_batch_id: int) -> None:
         started = time.perf_counter()
