@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import polars as pl
 import pytest
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from cdcflow.cli.app import app
 from cdcflow.engines.local import replay
 from cdcflow.engines.local.delta import read_arrow
+from cdcflow.errors import TableError
 from cdcflow.generator import GeneratorConfig, expected_outcome, generate
 from cdcflow.layers.tables import SILVER
 from cdcflow.plan.reference import SILVER_COLUMNS
@@ -138,3 +140,32 @@ def test_replay_cli_verify(tmp_path) -> None:
     result = runner.invoke(app, ["replay", "--config", str(config), "--verify"])
     assert result.exit_code == 1
     assert "MISMATCH" in result.stdout
+
+
+def test_a_lost_silver_is_refused_then_rebuilt_by_replay(tmp_path) -> None:
+    """A run after committed micro-batches never recreates a lost Silver empty (it would hold
+    only the next batches' keys while the checkpoint skips the files already taken); replay
+    --apply rebuilds it from Bronze and the pipeline continues to the fold of every event."""
+    lake = Lake(tmp_path, max_files=2)
+    summary = generate(lake.landing, GeneratorConfig(events=600, customers=60, files=4, seed=5))
+    later = tmp_path / "later"
+    later.mkdir()
+    for path in sorted(lake.landing.iterdir())[2:]:  # the last two files arrive later
+        path.rename(later / path.name)
+    assert len(lake.run()) == 1
+    silver_uri = lake.config.table_uri(SILVER.name)
+    shutil.rmtree(silver_uri)
+    for path in sorted(later.iterdir()):
+        path.rename(lake.landing / path.name)
+    with pytest.raises(TableError, match=r"silver/customers: missing .* replay --apply"):
+        lake.run()
+    assert not DeltaTable.is_deltatable(silver_uri)  # refused before anything was created
+    result = replay.rebuild_shadow(lake.config)
+    replay.verify(lake.config, result)  # the lost Silver holds none of the replayed keys
+    assert result.silver_report is not None and result.silver_rows > 0
+    assert result.silver_report.missing_keys == result.silver_rows
+    replay.apply(lake.config, result)
+    assert len(lake.run()) == 1  # the two later files
+    expected = expected_outcome(summary.lines, "soft")
+    streamed = pl.from_arrow(read_arrow(DeltaTable(silver_uri)))
+    assert reconcile_state(streamed, frame_from_reference(expected.state)).ok

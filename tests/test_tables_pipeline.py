@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.engines.local.delta import read_arrow
+from cdcflow.errors import TableError
 from cdcflow.layers.schema_log import SchemaDriftError, recorded_contracts
 from cdcflow.model.contracts import CUSTOMERS, TableContract
 from cdcflow.pipeline import Pipeline, Trigger
@@ -943,3 +945,37 @@ def test_evolution_skips_names_a_delta_table_cannot_hold_twice() -> None:
         TableContract(
             name="t", keys=["k"], columns=[{"name": "k", "type": "integer"}, {"name": "ok"}]
         )
+
+
+def test_a_lost_table_is_refused_and_a_newly_declared_table_starts_empty(tmp_path: Path) -> None:
+    """After committed micro-batches a run refuses a lakehouse where a declared table lost one
+    of its Delta tables (recreating it empty would silently restart it), while a table declared
+    since the last run (none of its tables exist yet) starts empty."""
+    config = write_config(tmp_path)
+    path = tmp_path / "cdcflow.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["tables"] = [t for t in raw["tables"] if t["name"] == "accounts"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    only_accounts = load_config(path)
+    write_files(config, [[json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1))]])
+    assert len(Pipeline(only_accounts).run(Trigger.parse("available-now"))) == 1
+    lines = contract_of(config, "order_lines").table_names
+    assert not DeltaTable.is_deltatable(config.table_uri(lines.silver))
+    # order_lines declared now: its tables are created, the run goes on
+    write_files(config, [[json.dumps(rec("order_lines", "L1", "INSERT", 11, order_id="O-1",
+                                         line_no=1, sku="ABC-1", quantity=2))]])  # fmt: skip
+    assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 1
+    assert list(silver(config, contract_of(config, "order_lines"))) == [("O-1", 1)]
+    # accounts' Silver lost: refused before anything is written or created
+    accounts = contract_of(config, "accounts").table_names
+    shutil.rmtree(config.table_uri(accounts.silver))
+    write_files(config, [[json.dumps(rec("accounts", "A2", "UPDATE", 20, account_id=1))]])
+    with pytest.raises(TableError, match=rf"{accounts.silver}: missing under storage.root"):
+        Pipeline(config)
+    assert not DeltaTable.is_deltatable(config.table_uri(accounts.silver))
+    # replay --apply rebuilds it from Bronze; the run then goes on
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    applied = forkrun.run(["replay", "--config", str(path), "--apply"], env, REPO, 120)
+    assert applied.returncode == 0, applied.stderr
+    assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 1
+    assert silver(config, contract_of(config, "accounts"))[(1,)]["last_event_id"] == "A2"

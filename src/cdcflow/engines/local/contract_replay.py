@@ -90,6 +90,16 @@ def check_replays(config: CdcflowConfig) -> None:
 def _overwrite(
     config: CdcflowConfig, spec: TableSpec, frame: pl.DataFrame, props: CommitProperties
 ) -> int:
+    uri, options = config.table_uri(spec.name), config.storage.options or None
+    if not DeltaTable.is_deltatable(uri, storage_options=options):  # a lost table: written anew
+        DeltaTable.create(
+            uri,
+            schema=spec.schema,
+            partition_by=list(spec.partition_by) or None,
+            configuration=spec.configuration or None,
+            mode="ignore",
+            storage_options=options,
+        )
     table = _open(config, spec.name)
     ordered = in_table_order(spec, table)
     data = frame.select(ordered.schema.names).to_arrow().cast(ordered.schema)

@@ -770,11 +770,21 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
         ConfigError: two tables write the same Delta table.
         SchemaDriftError: a contract changed incompatibly.
         ReplayError: a ``replay --apply`` of the tables did not finish.
+        TableError: a table the checkpoint's micro-batches wrote is missing.
     """
     from cdcflow.engines.local.contract_replay import check_replays
+    from cdcflow.engines.local.replay import check_tables_kept
 
     check_replays(config)  # an unfinished replay --apply: refuse before anything is written
     contracts = config.contracts()
+    # a lost table is refused before it is recreated empty; a table declared since the last
+    # run (all of its tables missing) starts empty
+    check_tables_kept(config, [[UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]])
+    check_tables_kept(
+        config,
+        [list(vars(contract_tables(c)).values()) for c in contracts],
+        partial_only=True,
+    )
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
     decodes = Router.of(config, contracts).decodes
     if decodes:  # a decoding format: its skipped records are counted

@@ -82,9 +82,11 @@ class LocalEngine:
             {spec.name: config.table_uri(spec.name) for spec in (*ALL_TABLES, *GOLD_TABLES)},
             config.storage.options,
         )
+        from cdcflow.engines.local.replay import check_lakehouse, check_tables_kept
+
+        check_tables_kept(config, [list(ALL_TABLES)])  # before a lost table is recreated empty
         for spec in ALL_TABLES:
             self.store.ensure(spec)
-        from cdcflow.engines.local.replay import check_lakehouse
 
         self._pattern = CustomerIdPattern(config.processing.customer_id_pattern)
         check_lakehouse(config)  # an unfinished replay --apply or another delete_mode: refuse

@@ -330,6 +330,27 @@ def _read(config: CdcflowConfig, name: str, columns: list[str]) -> pl.DataFrame:
     return scan_table(_open(config, name)).select(columns).collect()
 
 
+def _exists(config: CdcflowConfig, spec: TableSpec) -> bool:
+    uri = config.table_uri(spec.name)
+    return DeltaTable.is_deltatable(uri, storage_options=config.storage.options or None)
+
+
+def _read_live(config: CdcflowConfig, spec: TableSpec, columns: list[str]) -> pl.DataFrame:
+    """The live table's ``columns``; no rows when the table was lost (:func:`check_tables_kept`:
+    then every replayed key shows as missing)."""
+    if _exists(config, spec):
+        return _read(config, spec.name, columns)
+    empty = pl.from_arrow(spec.schema.empty_table())
+    assert isinstance(empty, pl.DataFrame)
+    return empty.select(columns)
+
+
+def _live_label(config: CdcflowConfig, spec: TableSpec) -> str:
+    if not _exists(config, spec):
+        return f"{spec.name} (missing)"
+    return f"silver v{_open(config, spec.name).version()}"
+
+
 def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
     """Compare the shadow tables with the live ones and store the reports in ``result``.
 
@@ -337,19 +358,18 @@ def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
     Every Silver column is compared (public columns and ``_cdc_`` sequence registers).
     """
     names = SILVER.schema.names
-    live_silver = _open(config, SILVER.name)
     result.silver_report = reconcile_state(
-        actual=scan_table(live_silver).select(names).collect(),
+        actual=_read_live(config, SILVER, names),
         expected=_read(config, shadow_name(SILVER), names),
         columns=names[1:],
         kind="replay",
         expected_label=f"replay of bronze v{result.bronze_version}",
-        actual_label=f"silver v{live_silver.version()}",
+        actual_label=_live_label(config, SILVER),
     )
     if result.delete_mode == "hard":
         cols = ["customer_id", *_TOMBSTONE_COLUMNS]
         result.tombstone_report = reconcile_state(
-            actual=_read(config, TOMBSTONES.name, cols),
+            actual=_read_live(config, TOMBSTONES, cols),
             expected=_read(config, shadow_name(TOMBSTONES), cols),
             columns=_TOMBSTONE_COLUMNS,
             kind="replay",
@@ -386,8 +406,17 @@ def _overwrite_from_shadow(config: CdcflowConfig, spec: TableSpec, props: Commit
     reader = pa.RecordBatchReader.from_batches(
         spec.schema, _batches(dataset.to_batches(), spec.schema)
     )
-    target = _open(config, spec.name)
-    write_deltalake(target, reader, mode="overwrite", commit_properties=props)
+    # a lost table (check_tables_kept): the replay writes it anew
+    target = _open(config, spec.name) if _exists(config, spec) else config.table_uri(spec.name)
+    write_deltalake(
+        target,
+        reader,
+        mode="overwrite",
+        partition_by=list(spec.partition_by) or None,
+        configuration=spec.configuration or None,
+        storage_options=config.storage.options or None,
+        commit_properties=props,
+    )
     return _open(config, spec.name).version()
 
 
@@ -531,6 +560,55 @@ def check_lakehouse(config: CdcflowConfig) -> None:
     check_delete_mode(config)
 
 
+def check_tables_kept(
+    config: CdcflowConfig, groups: list[list[TableSpec]], *, partial_only: bool = False
+) -> None:
+    """Start-up check of the engines: refuse micro-batches on a lakehouse that lost a table
+    its checkpoint's micro-batches wrote (called before the engine creates missing tables).
+
+    A run creates a missing table empty; after committed micro-batches that would silently
+    restart the table from nothing (a lost ``silver/customers`` recreated with only the next
+    batch's keys), while the checkpoint skips every landing file already taken. So once the
+    checkpoint (``checkpoint.location``) holds a micro-batch, every table of ``groups`` must
+    exist. A lost Silver or tombstones table is rebuilt from Bronze by ``cdcflow replay
+    --apply`` (docs/recovery_playbook.md, section 2).
+
+    Args:
+        config: the pipeline's config.
+        groups: the tables the engine creates at start-up, one list per declared table (the
+            customers pipeline: one list of all its tables).
+        partial_only: refuse a group only when some of its tables exist and others do not
+            (declared tables: a table added to ``tables:`` after earlier runs starts empty).
+
+    Raises:
+        TableError: a table of a group is missing; the message names each missing table, the
+            checkpoint, and what to do.
+    """
+    checkpoint = Checkpoint.of(config)
+    last = checkpoint.last_batch()
+    if last is None:
+        return
+    options = config.storage.options or None
+    lost: list[str] = []
+    for group in groups:
+        missing = [
+            spec.name
+            for spec in group
+            if not DeltaTable.is_deltatable(config.table_uri(spec.name), storage_options=options)
+        ]
+        if missing and not (partial_only and len(missing) == len(group)):
+            lost += missing
+    if lost:
+        raise TableError(
+            f"{', '.join(lost)}: missing under storage.root {config.storage.root}, but the "
+            f"checkpoint {checkpoint.location} holds micro-batches up to {last}: a run would "
+            "recreate the table empty while skipping the landing data already taken. Rebuild a "
+            "lost Silver or tombstones table from Bronze with `cdcflow replay --apply` "
+            "(docs/recovery_playbook.md, section 2); restore any other table (or point "
+            "storage.root at the right lakehouse), or start over with a new checkpoint.location"
+        )
+
+
 def apply(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
     """Replace the tombstones and Silver with the shadow content; record mode and replay.
 
@@ -622,6 +700,7 @@ __all__ = [
     "apply",
     "check_delete_mode",
     "check_lakehouse",
+    "check_tables_kept",
     "rebuild_shadow",
     "record_delete_mode",
     "recorded_delete_mode",

@@ -145,9 +145,11 @@ class SparkEngine:
             {spec.name: config.table_uri(spec.name) for spec in ALL_TABLES},
             config.storage.options,
         )
+        from cdcflow.engines.local.replay import check_lakehouse, check_tables_kept
+
+        check_tables_kept(config, [list(ALL_TABLES)])  # before a lost table is recreated empty
         for spec in ALL_TABLES:  # same schemas, partitioning and properties as the local engine
             self.store.ensure(spec)
-        from cdcflow.engines.local.replay import check_lakehouse
 
         check_lakehouse(config)  # an unfinished replay --apply or another delete_mode: refuse
         self._start(config)
