@@ -248,3 +248,37 @@ def test_progress_is_animated_only_on_a_terminal() -> None:
         work.update(completed=2, detail="a detail")
         work.step("step two")
     assert "step two" in live.getvalue() and "2/3 files" in live.getvalue()
+
+
+def test_logs_go_to_a_redirected_stderr_while_stdout_is_a_terminal(
+    landed: Path, tmp_path: Path
+) -> None:
+    """``cdcflow run ... 2>run.log`` at a terminal: the progress bar draws on stdout, and the
+    log lines go to the file, not onto the screen (the bar redirects stderr only when stderr is
+    the terminal too)."""
+    work = _fresh(landed, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    master, slave = pty.openpty()
+    with (work / "run.log").open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cdcflow", "--log-format", "json", "run", "--config",
+             "cdcflow.yaml"],
+            cwd=work, env=env, stdout=slave, stderr=log_file,
+        )  # fmt: skip
+        os.close(slave)
+        screen: list[bytes] = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            screen.append(chunk)
+        assert proc.wait(timeout=300) == 0
+    os.close(master)
+    records = [json.loads(line) for line in (work / "run.log").read_text().splitlines()]
+    committed = [r["batch"]["batch_id"] for r in records if r["message"] == "micro-batch committed"]
+    assert committed == [0, 1]
+    shown = b"".join(screen).decode()
+    assert '"levelname"' not in shown and "ev/s" in shown  # the results, no log line

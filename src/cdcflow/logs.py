@@ -63,10 +63,11 @@ def log_format() -> str:
     fmt = _state["format"]
     if fmt != "auto":
         return fmt
-    return "text" if _is_terminal(sys.stderr) else "json"
+    return "text" if is_terminal(sys.stderr) else "json"
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def is_terminal(stream: TextIO) -> bool:
+    """True when ``stream`` is a terminal (False for a file, a pipe or a closed stream)."""
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed stream

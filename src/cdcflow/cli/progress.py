@@ -8,6 +8,7 @@ extra is printed, except the lines given to :meth:`Work.step` (one plain line ea
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+
+from cdcflow.logs import is_terminal
 
 
 class _Count(ProgressColumn):
@@ -112,6 +115,9 @@ def working(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        # stderr (the logs) is drawn above the bar only when it is the same terminal; a
+        # redirected stderr (`2>run.log`) keeps its lines
+        redirect_stderr=is_terminal(sys.stderr),
     )
     with progress:
         task = progress.add_task(label, total=total, unit=unit, detail="")
