@@ -218,3 +218,32 @@ def test_validate_judges_every_value_as_ingestion_does(rows: list[tuple]) -> Non
             for rule, _ in broken:
                 want[(name, rule)] = want.get((name, rule), 0) + 1
     assert got == want
+
+
+def test_a_column_no_event_has_set_yet_is_no_not_null_violation(tmp_path: Path) -> None:
+    """A key first seen in a partial UPDATE has a null status until an event sets one
+    (shared/SEMANTICS.md point 3): unknown, not a broken NOT NULL. A null whose sequence
+    register is set (written by another tool) still is one."""
+    lake = Lake(tmp_path)
+    lake.write(
+        [
+            ev("E1", "C-1", "INSERT", "0/10", **full()),
+            ev("E2", "C-2", "UPDATE", "0/20", city="Lyon"),  # its INSERT has not arrived
+        ]
+    )
+    lake.run()
+    config = config_file(lake)
+    assert lake.silver()["C-2"]["status"] is None
+    passed = cdcflow("validate", "--config", str(config), "--output", "json", cwd=tmp_path)
+    assert passed.returncode == 0, passed.stdout
+    assert json.loads(passed.stdout)["violations"] == []
+
+    silver = DeltaTable(lake.config.table_uri("silver/customers"))
+    stored = read_arrow(silver)
+    c1 = next(r for r in stored.to_pylist() if r["customer_id"] == "C-1")
+    nulled = [{**c1, "customer_id": "C-3", "status": None}]  # C-1's register, status nulled
+    write_deltalake(silver, pa.Table.from_pylist(nulled, schema=stored.schema), mode="append")
+    failed = cdcflow("validate", "--config", str(config), "--output", "json", cwd=tmp_path)
+    assert failed.returncode == 1, failed.stdout
+    got = [(v["column"], v["rule"], v["examples"]) for v in json.loads(failed.stdout)["violations"]]
+    assert got == [("status", "NOT_NULL", ["C-3"])]

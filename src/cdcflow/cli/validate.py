@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.DataFrame:
-    """The Silver rows of ``contract``'s table (its key and declared columns, ``is_deleted``).
+    """The Silver rows of ``contract``'s table (its key and declared columns, the sequence
+    registers of its not-null columns, ``is_deleted``).
 
     Raises:
         CdcflowError: the Silver table does not exist yet.
@@ -28,6 +29,7 @@ def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.D
     from deltalake.exceptions import TableNotFoundError
 
     from cdcflow.engines.local.delta import scan_table
+    from cdcflow.layers.tables import register
 
     name = contract.table_names.silver
     try:
@@ -40,6 +42,9 @@ def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.D
     frame = scan_table(table)
     present = frame.collect_schema().names()
     wanted = [c.name for c in contract.columns if c.name in present]
+    # the sequence register of a not-null column tells a null no event has set yet
+    registers = [register(c.name) for c in contract.attributes if not c.nullable]
+    wanted += [r for r in registers if r in present]
     return frame.select([*wanted, "is_deleted"]).collect()
 
 

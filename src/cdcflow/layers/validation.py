@@ -12,7 +12,12 @@ Rules, per table (one row per key in Silver):
 * ``KEY_PATTERN``: a key column with a ``key_patterns`` entry fully matches it (RE2).
 * ``NOT_NULL``, ``ALLOWED_VALUES``, ``PATTERN``, ``MINIMUM``, ``MAXIMUM``: the column's
   constraints (:class:`cdcflow.model.contracts.ColumnSpec`), on live rows (``is_deleted``
-  false; a soft-deleted row keeps its last values but is no longer the source's row).
+  false; a soft-deleted row keeps its last values but is no longer the source's row). A null
+  that no event has set is not a ``NOT_NULL`` violation: a key first seen in a partial UPDATE
+  (its INSERT late, or from before the capture began) has its other columns unknown, not null
+  (shared/SEMANTICS.md point 3); when Silver holds the column's sequence register
+  (``_cdc_seq_<column>``), only a null whose register is set breaks the rule (a table edited
+  by another tool, a contract tightened after the data arrived).
 * ``FOREIGN_KEY``: a column with ``references: <table>.<column>``: every live row's non-null
   value is a live key of that table.
 
@@ -29,6 +34,7 @@ from typing import Any
 
 import polars as pl
 
+from cdcflow.layers.tables import register
 from cdcflow.model.contracts import (
     CONSTRAINT_RULES,
     ColumnSpec,
@@ -132,8 +138,9 @@ def validate_silver(
 
     Args:
         contract: the table's contract.
-        silver: the table's Silver rows (one per key; its key columns, its declared columns and
-            ``is_deleted``).
+        silver: the table's Silver rows (one per key; its key columns, its declared columns,
+            ``is_deleted``, optionally the sequence registers ``_cdc_seq_<column>`` of its
+            not-null columns).
         others: Silver of the tables that ``references`` name (table name → rows), for the
             foreign keys; a referenced table missing here counts every reference as broken.
 
@@ -179,6 +186,8 @@ def validate_silver(
         if spec.name not in live.columns:
             continue
         for rule, detail, expr in _column_violations(spec, live[spec.name]):
+            if rule == "NOT_NULL" and register(spec.name) in live.columns:
+                expr = expr & pl.col(register(spec.name)).is_not_null()  # set by an event
             add(spec.name, rule, detail, live.filter(expr.fill_null(False)))
         if spec.references is not None:
             table, column = spec.references.split(".", 1)
