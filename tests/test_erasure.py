@@ -395,7 +395,7 @@ def test_what_arrives_after_or_beside_an_erasure(tmp_path: Path) -> None:
     report = cli("report", "--config", config, "--out", str(tmp_path / "report.html"))
     assert report.returncode == 0, report.stderr
     older = cli("as-of", "--config", config, "--version", "1")
-    assert older.returncode == 2 and "time travel starts at version" in older.stderr, older.stderr
+    assert older.returncode == 1 and "time travel starts at version" in older.stderr, older.stderr
     late = ("late.bad@example.com", "broken.late@example.com", "padded.late@example.com")
     lake.write(
         [

@@ -139,7 +139,7 @@ def test_replay_apply_killed_at_each_point_then_rerun(tmp_path: Path, point: str
     # a normal run does not stream onto a half-replayed lakehouse: it refuses in one line
     run = _cli(config, "run", "--trigger", "available-now")
     if half_written:
-        assert run.returncode == 2, run.stderr
+        assert run.returncode == 1, run.stderr
         assert "replay --apply" in _error(run) and "Traceback" not in run.stderr
         with pytest.raises(replay.ReplayError) as refused:
             Pipeline(lake.config)
@@ -248,7 +248,7 @@ def test_killed_mode_migration_refuses_until_the_replay_is_rerun(tmp_path: Path)
         killed = _cli(config, "replay", "--apply", crash=point)
         assert killed.returncode == CRASH_EXIT_CODE, killed.stderr
         run = _cli(config, "run", "--trigger", "available-now")
-        assert run.returncode == 2 and "replay --apply" in _error(run), run.stderr
+        assert run.returncode == 1 and "replay --apply" in _error(run), run.stderr
     assert _cli(config, "replay", "--apply").returncode == 0
     assert _property(lake) == "hard" and _replay_rows(lake) == 1
     _late_updates(lake)

@@ -109,7 +109,7 @@ def test_rerun_after_crash_stops_when_recorded_bytes_are_gone(tmp_path: Path, ch
     else:
         path.write_bytes(original[:10])
     restarted = run_cli(config)
-    assert restarted.returncode == 2
+    assert restarted.returncode == 1
     lines = [line for line in restarted.stderr.splitlines() if not line.startswith("{")]
     assert len(lines) == 1  # the error, in one line (JSON log lines aside)
     assert str(path) in lines[0] and "micro-batch 0" in lines[0] and "restore" in lines[0]

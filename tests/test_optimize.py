@@ -136,12 +136,12 @@ def test_optimize_takes_the_checkpoint_lock(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match="holds this checkpoint's lock"):
             optimize_between_runs(lake.config)
         refused = _cli("optimize", "--config", str(path), cwd=tmp_path)
-        assert refused.returncode == 2
+        assert refused.returncode == 1
         assert len(refused.stderr.splitlines()) == 1, refused.stderr
         assert refused.stderr.startswith("error: ") and location in refused.stderr
         assert "--wait" in refused.stderr
         waited = _cli("optimize", "--config", str(path), "--wait", "300ms", cwd=tmp_path)
-        assert waited.returncode == 2 and len(waited.stderr.splitlines()) == 1, waited.stderr
+        assert waited.returncode == 1 and len(waited.stderr.splitlines()) == 1, waited.stderr
         assert "after waiting" in waited.stderr
     finally:
         holder.kill()
@@ -230,7 +230,7 @@ def test_conflict_that_persists_is_reported_in_one_line(
     capsys.readouterr()  # only what the command prints (its load() sets logging up on stderr)
     with pytest.raises(SystemExit) as exit_info:
         main()
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if not line.startswith("{")]  # JSON log lines
     assert len(lines) == 1, err

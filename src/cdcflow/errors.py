@@ -11,14 +11,33 @@ from typing import Any
 
 
 class CdcflowError(Exception):
-    """Root of every cdcflow error."""
+    """Root of every cdcflow error.
+
+    Attributes:
+        exit_code: the ``cdcflow`` command's exit code when this error ends it: 2 for a usage
+            or configuration error (:class:`UsageError`, :class:`ConfigError`,
+            :class:`MissingDependencyError`), 1 for every other failure (a service that does
+            not answer, another run holding the checkpoint, a lakehouse or checkpoint in a
+            state the command refuses).
+    """
+
+    exit_code: int = 1
+
+
+class UsageError(CdcflowError):
+    """A command was called wrongly: an option's value, a missing or conflicting option, a
+    command for a lakehouse it does not apply to or before the run it needs. Exit code 2."""
+
+    exit_code = 2
 
 
 class ConfigError(CdcflowError):
     """A configuration file or override is invalid.
 
-    The message names the offending key and the file it came from.
+    The message names the offending key and the file it came from. Exit code 2.
     """
+
+    exit_code = 2
 
 
 class CheckpointError(CdcflowError):
@@ -30,7 +49,10 @@ class TableError(CdcflowError):
 
 
 class MissingDependencyError(CdcflowError):
-    """An optional dependency is not installed; the message says how to install it."""
+    """An optional dependency is not installed; the message says how to install it. Exit
+    code 2 (the installation is part of the set-up)."""
+
+    exit_code = 2
 
 
 class LandingFileChangedError(CheckpointError):

@@ -27,7 +27,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 from cdcflow.layers.tables import SILVER
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.events import ATTRIBUTES, PII_ATTRIBUTES
@@ -40,7 +40,7 @@ _NULL = "\u2400"
 _SEP = "\u241f"
 
 
-class ReconcileError(CdcflowError):
+class ReconcileError(UsageError):
     """An expected-state or snapshot file is missing, unreadable or lacks required columns."""
 
 
@@ -298,6 +298,7 @@ def compare(
     report: ReconcileReport,
     key: str = KEY,
     pii: Collection[str] = PII_ATTRIBUTES,
+    pii_key: bool = False,
 ) -> ReconcileReport:
     """Fill ``report`` with the key and field comparison of two frames keyed on ``key``.
 
@@ -308,6 +309,7 @@ def compare(
         report: the report to fill (counts already set).
         key: the key column (text; a composite key is joined into one column first).
         pii: columns whose sample values are masked.
+        pii_key: a key column is personal data: the samples' keys are masked too.
 
     Returns:
         ``report``.
@@ -322,8 +324,12 @@ def compare(
     extra = a.join(e, on=key, how="anti").sort(key)
     report.missing_keys = missing.height
     report.extra_keys = extra.height
-    report.missing_sample = missing[key].head(SAMPLE_SIZE).to_list()
-    report.extra_sample = extra[key].head(SAMPLE_SIZE).to_list()
+
+    def shown_key(value: Any) -> Any:
+        return "<masked>" if pii_key else value
+
+    report.missing_sample = [shown_key(k) for k in missing[key].head(SAMPLE_SIZE).to_list()]
+    report.extra_sample = [shown_key(k) for k in extra[key].head(SAMPLE_SIZE).to_list()]
 
     both = a.join(e, on=key, how="inner", suffix="_exp").sort(key)
     diff_flags = [pl.col(name).ne_missing(pl.col(f"{name}_exp")).alias(name) for name in columns]
@@ -341,7 +347,7 @@ def compare(
             if row[name] != row[f"{name}_exp"]:
                 sample.append(
                     FieldDifference(
-                        row[key],
+                        shown_key(row[key]),
                         name,
                         _show(row[f"{name}_exp"], name, pii),
                         _show(row[name], name, pii),
@@ -460,7 +466,8 @@ def reconcile_table(
     Args:
         actual / expected: one row per key with the table's public Silver columns (the
             expected side may have fewer columns: only those are compared).
-        contract: the table's contract (keys; ``pii`` columns are masked in samples).
+        contract: the table's contract (keys; ``pii`` columns are masked in samples, the
+            samples' keys too when a key column is ``pii``).
         expected_label / actual_label: names shown in the report.
 
     Returns:
@@ -498,7 +505,13 @@ def reconcile_table(
     )
     pii = frozenset(c.name for c in contract.columns if c.pii)
     return compare(
-        actual.with_columns(text), expected.with_columns(text), columns, report, KEY_TEXT, pii
+        actual.with_columns(text),
+        expected.with_columns(text),
+        columns,
+        report,
+        KEY_TEXT,
+        pii,
+        pii_key=any(contract.column(k).pii for k in keys),
     )
 
 

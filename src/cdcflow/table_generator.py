@@ -34,7 +34,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import ConfigError, UsageError
 from cdcflow.generator import KeyPool, arrange, write_landing
 from cdcflow.model.contracts import (
     ColumnSpec,
@@ -193,7 +193,7 @@ def load_state(out_dir: str | Path) -> tuple[SourceState, int, int, datetime]:
         timeline) of the last workload written there.
 
     Raises:
-        CdcflowError: the folder holds no state file, or an unreadable one.
+        UsageError: the folder holds no state file, or an unreadable one.
     """
     path = Path(out_dir) / STATE_FILE
     try:
@@ -212,12 +212,12 @@ def load_state(out_dir: str | Path) -> tuple[SourceState, int, int, datetime]:
         }
         return source, data["last_event"], data["last_lsn"], datetime.fromisoformat(data["until"])
     except FileNotFoundError:
-        raise CdcflowError(
+        raise UsageError(
             f"--continue: {path.parent} holds no workload of `cdcflow generate --config` to "
             f"continue (no {STATE_FILE})"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CdcflowError(f"--continue: {path}: unreadable generator state ({exc})") from None
+        raise UsageError(f"--continue: {path}: unreadable generator state ({exc})") from None
 
 
 @dataclass
@@ -310,7 +310,7 @@ class _Draw:
         """A string fully matching an RE2 pattern.
 
         Raises:
-            CdcflowError: none found in :data:`_ATTEMPTS` draws (the pattern uses a construct
+            ConfigError: none found in :data:`_ATTEMPTS` draws (the pattern uses a construct
                 rstr cannot invert).
         """
         compiled = compile_re2(pattern)
@@ -318,7 +318,7 @@ class _Draw:
             text = self.xeger.xeger(pattern)
             if compiled.fullmatch(text) is not None:
                 return text
-        raise CdcflowError(f"{where}: cannot generate a value matching the pattern {pattern!r}")
+        raise ConfigError(f"{where}: cannot generate a value matching the pattern {pattern!r}")
 
     def _bounds(self, spec: ColumnSpec, low: Any, high: Any) -> tuple[Any, Any]:
         lo = coerce(spec.minimum, spec.type) if spec.minimum is not None else low
@@ -369,7 +369,7 @@ class _Draw:
         """A JSON value for ``spec`` that coerces to its type and passes its constraints.
 
         Raises:
-            CdcflowError: no such value found (names the table and the column).
+            ConfigError: no such value found (names the table and the column).
         """
         where = f"table {table}: column {spec.name}"
         if nullable and spec.nullable and self.rng.random() < 0.05:
@@ -382,7 +382,7 @@ class _Draw:
                 continue
             if stored is not None and check_constraints(spec, stored) is None:
                 return raw
-        raise CdcflowError(f"{where}: cannot generate a value that passes its constraints")
+        raise ConfigError(f"{where}: cannot generate a value that passes its constraints")
 
     def key_values(self, contract: TableContract, count: int) -> list[tuple[Any, ...]]:
         """Up to ``count`` distinct keys (in JSON form) of ``contract``, in creation order."""
@@ -421,7 +421,7 @@ class _Draw:
                 drawn = self.value(spec, contract.name, nullable=False)
             if self._key_ok(spec, pattern, drawn):
                 return drawn
-        raise CdcflowError(f"{where}: cannot generate a value that passes its pattern and rules")
+        raise ConfigError(f"{where}: cannot generate a value that passes its pattern and rules")
 
     @staticmethod
     def _key_ok(spec: ColumnSpec, pattern: str | None, raw: Any) -> bool:
@@ -585,10 +585,11 @@ def generate_tables(
         What was written, with every record in arrival order.
 
     Raises:
-        CdcflowError: no table, or a column whose constraints no drawn value passes.
+        UsageError: the config declares no table.
+        ConfigError: a column whose constraints no drawn value passes.
     """
     if not contracts:
-        raise CdcflowError("generate: the config declares no table")
+        raise UsageError("generate: the config declares no table")
     rng = random.Random(cfg.seed)
     now = (cfg.now or datetime.now(UTC)) - timedelta(minutes=1)
     draw = _Draw(rng, now)

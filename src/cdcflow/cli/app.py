@@ -1,9 +1,11 @@
 """The ``cdcflow`` command.
 
-Errors: a :class:`~cdcflow.errors.CdcflowError` prints one line on stderr and exits with code 2
-(the traceback only with ``--debug``); a usage error (unknown option, missing value...) prints one
-line and exits with code 2; a crash of anything else prints one line and exits with code 1. Each
-error is exactly one line whatever the terminal width (:func:`print_error`).
+Errors: a :class:`~cdcflow.errors.CdcflowError` prints one line on stderr (the traceback only
+with ``--debug``) and exits with its ``exit_code``: 2 for a usage or configuration error
+(:class:`~cdcflow.errors.UsageError`, :class:`~cdcflow.errors.ConfigError`), 1 for any other
+failure; a click usage error (unknown option, missing value...) prints one line and exits with
+code 2; a crash of anything else prints one line and exits with code 1. Each error is exactly one
+line whatever the terminal width (:func:`print_error`).
 """
 
 from __future__ import annotations
@@ -369,7 +371,7 @@ def main() -> None:
         if _state["debug"]:
             traceback.print_exc()
         print_error(str(exc))
-        sys.exit(int(getattr(exc, "exit_code", 2)))
+        sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print_error("aborted")
         sys.exit(130)

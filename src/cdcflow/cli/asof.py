@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 
 if TYPE_CHECKING:  # Polars is imported by the command itself (a fast --help and usage error)
     import polars as pl
@@ -49,7 +49,7 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
     """``COLUMN=VALUE`` pairs → the typed key values of ``contract`` (a subset of its keys).
 
     Raises:
-        CdcflowError: not COLUMN=VALUE, not a key column, or a value not of its type.
+        UsageError: not COLUMN=VALUE, not a key column, or a value not of its type.
     """
     from cdcflow.model.contracts import TypeMismatch, coerce
 
@@ -57,7 +57,7 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         column, sep, value = pair.partition("=")
         if not sep or column.strip() not in contract.keys:
-            raise CdcflowError(
+            raise UsageError(
                 f"--key: expected COLUMN=VALUE with a key column of {contract.name} "
                 f"({', '.join(contract.keys)}), got {pair!r}"
             )
@@ -65,7 +65,7 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
         try:
             out[spec.name] = coerce(value.strip(), spec.type)
         except TypeMismatch:
-            raise CdcflowError(f"--key: {spec.name} is not a value of type {spec.type}") from None
+            raise UsageError(f"--key: {spec.name} is not a value of type {spec.type}") from None
     return out
 
 
@@ -87,18 +87,18 @@ def _declared_as_of(
     # the contracts the tables hold: columns evolved from event fields included
     contracts = {c.name: c for c in held_contracts(cfg)}
     if customer is not None:
-        raise CdcflowError("--customer: the config declares tables; use --table and --key")
+        raise UsageError("--customer: the config declares tables; use --table and --key")
     if table is None and len(contracts) == 1:
         table = next(iter(contracts))
     if table not in contracts:
-        raise CdcflowError(f"--table: expected one of {', '.join(contracts)}, got {table!r}")
+        raise UsageError(f"--table: expected one of {', '.join(contracts)}, got {table!r}")
     contract = contracts[table]
     key = parse_key(contract, pairs)
     if timestamp is not None:
         try:
             instant = datetime.fromisoformat(timestamp.strip())
         except ValueError:
-            raise CdcflowError(f"--timestamp: not an ISO-8601 instant: {timestamp!r}") from None
+            raise UsageError(f"--timestamp: not an ISO-8601 instant: {timestamp!r}") from None
         frame = table_state_as_of(cfg, contract, instant, key)
         title = f"{table} as of {instant.isoformat()}"
     else:
@@ -156,20 +156,20 @@ def as_of(
     from cdcflow.layers.asof import customer_state_as_of, silver_at_version
 
     if (timestamp is None) == (version is None):
-        raise CdcflowError("as-of: give exactly one of --timestamp or --version")
+        raise UsageError("as-of: give exactly one of --timestamp or --version")
     if output not in OUTPUTS:
-        raise CdcflowError(f"--output: expected table or json, got {output!r}")
+        raise UsageError(f"--output: expected table or json, got {output!r}")
     cfg = load(config, declared_tables=True)
     if cfg.tables:
         _declared_as_of(cfg, timestamp, version, table, key or [], customer, output)
         return
     if table is not None or key:
-        raise CdcflowError("--table / --key: for a config that declares tables (tables:)")
+        raise UsageError("--table / --key: for a config that declares tables (tables:)")
     if timestamp is not None:
         try:
             instant = datetime.fromisoformat(timestamp.strip())
         except ValueError:
-            raise CdcflowError(f"--timestamp: not an ISO-8601 instant: {timestamp!r}") from None
+            raise UsageError(f"--timestamp: not an ISO-8601 instant: {timestamp!r}") from None
         frame = customer_state_as_of(cfg, instant, customer)
         title = f"customers as of {instant.isoformat()}"
     else:

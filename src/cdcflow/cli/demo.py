@@ -37,7 +37,7 @@ from rich.table import Table
 from cdcflow.cli.app import console
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.engines.local.delta import read_arrow
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import CdcflowError, UsageError
 
 DEMO_MARKER = "cdcflow.yaml"
 
@@ -327,11 +327,11 @@ def prepare(root: Path, delete_mode: str = "soft", storage_root: str | None = No
             endpoint from the environment, e.g. ``AWS_ENDPOINT_URL``).
 
     Raises:
-        CdcflowError: the folder exists and is not a demo folder (no ``cdcflow.yaml``).
+        UsageError: the folder exists and is not a demo folder (no ``cdcflow.yaml``).
     """
     if root.exists():
         if any(root.iterdir()) and not (root / DEMO_MARKER).exists():
-            raise CdcflowError(f"{root}: exists and is not a cdcflow demo folder; choose --dir")
+            raise UsageError(f"{root}: exists and is not a cdcflow demo folder; choose --dir")
         shutil.rmtree(root)
     root.mkdir(parents=True)
     base = root.resolve()
@@ -360,7 +360,7 @@ def _fresh_prefix(uri: str) -> None:
     left its marker there (as a local demo folder is recreated).
 
     Raises:
-        CdcflowError: the prefix holds objects but no demo marker.
+        UsageError: the prefix holds objects but no demo marker.
     """
     import obstore
 
@@ -369,7 +369,7 @@ def _fresh_prefix(uri: str) -> None:
     storage = ObjectStorage(uri)
     paths = [meta["path"] for chunk in obstore.list(storage.store) for meta in chunk]
     if paths and OBJECT_MARKER not in paths:
-        raise CdcflowError(
+        raise UsageError(
             f"--storage-root {uri}: holds objects and is not a cdcflow demo root; choose another"
         )
     for start in range(0, len(paths), 1000):
@@ -531,7 +531,7 @@ def demo(
     """The whole story on generated data: generate -> run -> Gold -> reconcile -> replay
     --verify -> Snowflake -> declared tables (contract v1 -> v2); one summary table at the end."""
     if delete_mode not in ("soft", "hard"):
-        raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
+        raise UsageError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
     hints: list[str] = []
     results = run_demo(folder, events, seed, delete_mode, next_out=hints, storage_root=storage_root)
     from cdcflow.cli.tables import output_width

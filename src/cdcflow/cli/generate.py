@@ -24,7 +24,7 @@ from rich.table import Table
 from cdcflow.cli.app import console
 from cdcflow.cli.progress import working
 from cdcflow.cli.tables import output_width
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 
 if TYPE_CHECKING:
     from cdcflow.config import CdcflowConfig
@@ -52,7 +52,7 @@ def write_expected(
         The counts written (see :meth:`cdcflow.generator.ExpectedOutcome.counts`).
     """
     if delete_mode not in ("soft", "hard"):
-        raise CdcflowError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
+        raise UsageError(f"--delete-mode: expected soft or hard, got {delete_mode!r}")
     from cdcflow.generator import expected_outcome
     from cdcflow.reconcile import frame_from_reference, write_state_file
 
@@ -196,7 +196,7 @@ def _generate_tables(
     from cdcflow.table_generator import generate_tables, load_state, save_state
 
     if expected is not None and expected.suffix:
-        raise CdcflowError(
+        raise UsageError(
             f"--expected: with declared tables it is a folder (one <table>.parquet each), "
             f"got the file name {expected}"
         )
@@ -211,7 +211,7 @@ def _generate_tables(
             workload, first_event=last_event + 1, first_lsn=last_lsn, span_hours=span, now=now
         )
     elif earlier:
-        raise CdcflowError(
+        raise UsageError(
             f"generate: {out} already holds {len(earlier)} landing file(s) of an earlier "
             "workload; a new one would reuse its event ids and LSNs (quarantined as "
             "DUPLICATE_EVENT_CONFLICT): add --continue to continue it, or use an empty folder "
@@ -298,7 +298,7 @@ def generate(
     --config (declared tables), --continue adds to the workload already in the landing folder.
     """
     if lsn_notation not in NOTATIONS:
-        raise CdcflowError(f"--lsn-notation: unknown notation {lsn_notation!r}")
+        raise UsageError(f"--lsn-notation: unknown notation {lsn_notation!r}")
     if config is not None:
         from cdcflow.cli.app import load
 
@@ -309,7 +309,7 @@ def generate(
             from cdcflow.table_generator import TablesWorkload
 
             if lsn_notation != "postgres":
-                raise CdcflowError("--lsn-notation: declared tables get integer LSNs only")
+                raise UsageError("--lsn-notation: declared tables get integer LSNs only")
             workload = TablesWorkload(
                 events=events,
                 keys=keys,
@@ -325,7 +325,7 @@ def generate(
             _generate_tables(loaded, out, workload, expected, expected_counts, resume)
             return
     if resume:
-        raise CdcflowError("--continue: only with --config declaring tables")
+        raise UsageError("--continue: only with --config declaring tables")
     out = out or Path("./landing")
     from cdcflow.generator import GeneratorConfig
     from cdcflow.generator import generate as write_events

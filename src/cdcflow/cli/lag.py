@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from cdcflow.cli.app import ConfigOption, console, load
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 
 
 def lag(
@@ -20,7 +20,7 @@ def lag(
     from the source's commit of a change to the Silver commit that applied it
     (cdcflow.layers.lag)."""
     if output not in ("text", "json"):
-        raise CdcflowError(f"--output: expected text or json, got {output!r}")
+        raise UsageError(f"--output: expected text or json, got {output!r}")
     loaded = load(config, declared_tables=True)
     from deltalake.exceptions import TableNotFoundError
 
@@ -29,7 +29,7 @@ def lag(
     try:
         lags = end_to_end_lag(loaded)
     except TableNotFoundError:
-        raise CdcflowError("lag: the pipeline has not run yet (no audit tables)") from None
+        raise UsageError("lag: the pipeline has not run yet (no audit tables)") from None
     if output == "json":
         typer.echo(json.dumps([vars(x) for x in lags], indent=1))
         return

@@ -92,10 +92,10 @@ def gold(
     per active customer) is counted, not printed. --output json prints every table as JSON.
     """
     from cdcflow.cli.tables import OUTPUTS
-    from cdcflow.errors import CdcflowError
+    from cdcflow.errors import UsageError
 
     if output not in OUTPUTS:
-        raise CdcflowError(f"--output: expected table or json, got {output!r}")
+        raise UsageError(f"--output: expected table or json, got {output!r}")
     from cdcflow.cli.app import console, load
     from cdcflow.cli.progress import working
     from cdcflow.engines.local.gold import refresh_gold

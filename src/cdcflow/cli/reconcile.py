@@ -21,7 +21,7 @@ from rich.table import Table
 from cdcflow.cli.app import ConfigOption, console, load
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.delta import read_arrow
-from cdcflow.errors import CdcflowError, MissingDependencyError
+from cdcflow.errors import MissingDependencyError, UsageError
 from cdcflow.plan.reference import SILVER_COLUMNS
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def read_snowflake(config: CdcflowConfig) -> pl.DataFrame:
 
     Raises:
         MissingDependencyError: the Snowflake extra is not installed.
-        CdcflowError: the Snowflake sink has no ``read_state`` reader.
+        UsageError: the Snowflake sink has no ``read_state`` reader.
     """
     import importlib
 
@@ -63,13 +63,13 @@ def read_snowflake(config: CdcflowConfig) -> pl.DataFrame:
         ) from exc
     reader = getattr(module, "read_state", None)
     if reader is None:
-        raise CdcflowError(
+        raise UsageError(
             "--target snowflake: cdcflow.sinks.snowflake.reconcile has no read_state(config); "
             "compare Silver with Snowflake with the Snowflake sink's own reconciliation"
         )
     frame = reader(config)
     if not isinstance(frame, pl.DataFrame):
-        raise CdcflowError("--target snowflake: read_state(config) must return a polars frame")
+        raise UsageError("--target snowflake: read_state(config) must return a polars frame")
     return frame
 
 
@@ -89,12 +89,12 @@ def run_reconcile(
     """Compare a target with an expected-state file or a source-snapshot file.
 
     Raises:
-        CdcflowError: neither or both files given, unknown target, unreadable file.
+        UsageError: neither or both files given, unknown target, unreadable file.
     """
     if (expected is None) == (source_snapshot is None):
-        raise CdcflowError("give exactly one of --expected FILE or --source-snapshot FILE")
+        raise UsageError("give exactly one of --expected FILE or --source-snapshot FILE")
     if target not in TARGETS:
-        raise CdcflowError(f"--target: expected one of {sorted(TARGETS)}, got {target!r}")
+        raise UsageError(f"--target: expected one of {sorted(TARGETS)}, got {target!r}")
     from cdcflow.layers.erasure import mask_erased
     from cdcflow.reconcile import read_state_file, reconcile_snapshot, reconcile_state
 
@@ -121,7 +121,7 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
         table → its report, in declared order.
 
     Raises:
-        CdcflowError: the folder or a table's expected file is missing or unreadable.
+        UsageError: the folder or a table's expected file is missing or unreadable.
     """
     import polars as pl
     from deltalake import DeltaTable
@@ -130,7 +130,7 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
     from cdcflow.reconcile import contract_public_schema, reconcile_table
 
     if not expected.is_dir():
-        raise CdcflowError(
+        raise UsageError(
             f"--expected: with declared tables it is the folder `cdcflow generate --config F "
             f"--expected DIR` wrote (one <table>.parquet each); {expected} is not a folder"
         )
@@ -138,11 +138,11 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
     for contract in config.contracts():
         path = expected / f"{contract.name}.parquet"
         if not path.is_file():
-            raise CdcflowError(f"--expected: no expected state of table {contract.name}: {path}")
+            raise UsageError(f"--expected: no expected state of table {contract.name}: {path}")
         try:
             frame = pl.read_parquet(path)
         except Exception as exc:
-            raise CdcflowError(f"--expected: cannot read {path} ({type(exc).__name__})") from exc
+            raise UsageError(f"--expected: cannot read {path} ({type(exc).__name__})") from exc
         frame = mask_erased(config, contract.name, frame)
         columns = contract_public_schema(contract).names
         silver = DeltaTable(
@@ -233,7 +233,7 @@ def reconcile(
 ) -> None:
     """Compare Silver with an expected state or a source snapshot; exit 1 on any mismatch."""
     if output not in ("text", "json"):
-        raise CdcflowError(f"--output: expected text or json, got {output!r}")
+        raise UsageError(f"--output: expected text or json, got {output!r}")
     if target == "snowflake" and expected is None and source_snapshot is None:
         # Silver (and Gold) vs DIM_CUSTOMER_CURRENT (and the AGG_ tables)
         from cdcflow.cli.sync import verify_snowflake
@@ -248,7 +248,7 @@ def reconcile(
 
             reports = reconcile_postgres_tables(loaded)
         elif expected is None or source_snapshot is not None or target != "silver":
-            raise CdcflowError(
+            raise UsageError(
                 "reconcile: declared tables are compared with --expected DIR (what `cdcflow "
                 "generate --config F --expected DIR` wrote) or with --source-snapshot postgres "
                 "(the live source tables), on the silver target"

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from cdcflow.cli.app import ConfigOption, console, load
 from cdcflow.config import CdcflowConfig
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 from cdcflow.plan.replay import DEFAULT_BUCKET_ROWS
 
 if TYPE_CHECKING:
@@ -39,8 +39,8 @@ def run_replay(
     migrate its Silver to another ``processing.delete_mode``).
 
     Raises:
-        CdcflowError: ``ReplayError`` when ``--apply`` is asked for a Bronze version that is
-            not the latest.
+        UsageError: ``--apply`` with ``--to-version``.
+        ReplayError: Bronze moved since the rebuild.
     """
     from cdcflow.cli.progress import working
     from cdcflow.engines.local import replay as engine_replay
@@ -96,9 +96,9 @@ def _replay_declared(
     from cdcflow.layers.contract_replay import replay_tables
 
     if not (verify or apply):
-        raise CdcflowError("replay: declared tables are replayed with --verify and/or --apply")
+        raise UsageError("replay: declared tables are replayed with --verify and/or --apply")
     if apply and to_version is not None:
-        raise CdcflowError("replay: --apply rebuilds from the latest Bronze (no --to-version)")
+        raise UsageError("replay: --apply rebuilds from the latest Bronze (no --to-version)")
     with working("replay: rebuilding each declared table from bronze", enabled=output == "text"):
         results = replay_tables(cfg, to_version)
     replay_id = None
@@ -152,7 +152,7 @@ def replay(
     from cdcflow.cli.reconcile import print_report
 
     if output not in ("text", "json"):
-        raise CdcflowError(f"--output: expected text or json, got {output!r}")
+        raise UsageError(f"--output: expected text or json, got {output!r}")
     cfg = load(config, declared_tables=True)
     if cfg.tables:
         _replay_declared(cfg, verify, apply, to_version, output)

@@ -40,7 +40,7 @@ def show_log(
 
     from cdcflow.cli.app import console, load
     from cdcflow.engines.local.delta import scan_table
-    from cdcflow.errors import CdcflowError, ConfigError
+    from cdcflow.errors import ConfigError, UsageError
     from cdcflow.layers.schema_log import SCHEMA_LOG
 
     if output not in ("text", "json"):
@@ -59,7 +59,7 @@ def show_log(
         )
     uri, options = cfg.table_uri(SCHEMA_LOG.name), cfg.storage.options or None
     if not DeltaTable.is_deltatable(uri, storage_options=options):
-        raise CdcflowError(f"{uri}: no contract recorded yet (no run of declared tables yet)")
+        raise UsageError(f"{uri}: no contract recorded yet (no run of declared tables yet)")
     frame = scan_table(DeltaTable(uri, storage_options=options)).select(
         "table_name", "version", "change", "applied_at"
     )

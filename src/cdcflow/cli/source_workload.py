@@ -14,7 +14,7 @@ from rich.table import Table
 
 from cdcflow.cli.app import console
 from cdcflow.cli.progress import working
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 from cdcflow.sources.postgres import PostgresSourceError, require_psycopg
 
 
@@ -39,9 +39,7 @@ def source_workload(
     from cdcflow.sources.postgres_workload import REGISTRATION_BATCH, run_workload
 
     if replica_identity not in ("default", "full"):
-        raise CdcflowError(
-            f"--replica-identity: expected default or full, got {replica_identity!r}"
-        )
+        raise UsageError(f"--replica-identity: expected default or full, got {replica_identity!r}")
     psycopg = require_psycopg()
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)

@@ -9,7 +9,7 @@ import typer
 
 from cdcflow.cli.options import ConfigOption
 from cdcflow.config import CdcflowConfig
-from cdcflow.errors import CdcflowError
+from cdcflow.errors import UsageError
 from cdcflow.model.contracts import TableContract
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.D
     registers of its not-null columns, ``is_deleted``).
 
     Raises:
-        CdcflowError: the Silver table does not exist yet.
+        UsageError: the Silver table does not exist yet.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -35,7 +35,7 @@ def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.D
     try:
         table = DeltaTable(config.table_uri(name), storage_options=config.storage.options or None)
     except TableNotFoundError:
-        raise CdcflowError(
+        raise UsageError(
             f"validate: table {contract.name}: {name} does not exist under storage.root yet "
             "(run the pipeline first)"
         ) from None
@@ -52,7 +52,7 @@ def validate_lakehouse(config: CdcflowConfig) -> ValidationReport:
     """:func:`cdcflow.layers.validation.validate_silver` of every contract of ``config``.
 
     Raises:
-        CdcflowError: a contract's Silver table does not exist yet.
+        UsageError: a contract's Silver table does not exist yet.
     """
     from cdcflow.layers.validation import ValidationReport, validate_silver
 
@@ -81,7 +81,7 @@ def validate(
     from cdcflow.cli.tables import OUTPUTS
 
     if output not in OUTPUTS:
-        raise CdcflowError(f"--output: expected table or json, got {output!r}")
+        raise UsageError(f"--output: expected table or json, got {output!r}")
     cfg = load(config, declared_tables=True)
     report = validate_lakehouse(cfg)
     if output == "json":

@@ -80,7 +80,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.errors import ConfigError, UsageError
 from cdcflow.layers.tables import TS, TableSpec
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import ColumnSpec, TableContract
@@ -129,7 +129,7 @@ ERASURE_LOG = TableSpec(
 )
 
 
-class ErasureError(CdcflowError):
+class ErasureError(UsageError):
     """An erasure cannot run as asked (unknown table, no PII column, time travel not
     confirmed)."""
 

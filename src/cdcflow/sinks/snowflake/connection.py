@@ -244,7 +244,7 @@ def connect(config: CdcflowConfig, autocommit: bool = True) -> Iterator[Any]:
     else:
         creds = SnowflakeCredentials.from_env()
         if creds is None:
-            raise CdcflowError("snowflake.emulator is off but SNOWFLAKE_ACCOUNT is not set")
+            raise ConfigError("snowflake.emulator is off but SNOWFLAKE_ACCOUNT is not set")
         kwargs = creds.connect_kwargs()
     try:
         conn = connector.connect(
