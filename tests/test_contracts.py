@@ -422,3 +422,64 @@ def test_a_run_takes_declared_tables(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert list(pipeline.engine.tables) == ["accounts", "order_lines"]
     for name in ("silver/accounts", "bronze/order_lines_events", "silver/order_lines_tombstones"):
         assert (tmp_path / "lake" / name / "_delta_log").is_dir(), name
+
+
+@pytest.mark.parametrize("value", ["1e100", 1e100, "1E+50", "NaN", "Infinity", "-Infinity"])
+def test_a_decimal_beyond_its_context_is_a_schema_mismatch(value: Any) -> None:
+    """An exponent too large to quantize at the column's scale is a value that does not fit
+    the type (SEMANTICS.md point 13), not an unprocessable record."""
+    with pytest.raises(TypeMismatch):
+        coerce(value, "decimal(12,2)")
+    validator = ContractValidator(ACCOUNT, datetime.now(UTC), timedelta(minutes=5))
+    result = validator.validate(_account(balance=value))
+    assert isinstance(result, Rejection) and result.reason == "SCHEMA_MISMATCH", result
+    assert "balance is not a value of type decimal(12,2)" in result.detail
+
+
+def test_an_insert_must_carry_its_not_null_columns_an_update_need_not() -> None:
+    """``nullable: false``: an INSERT that omits the column is quarantined like one that sets
+    it to null; an UPDATE's absent column is unchanged (a partial update)."""
+    validator = ContractValidator(ACCOUNT, datetime.now(UTC), timedelta(minutes=5))
+    insert = validator.validate(_account(operation="INSERT"))
+    assert isinstance(insert, Rejection) and insert.reason == "SCHEMA_MISMATCH", insert
+    assert insert.detail == "an INSERT must carry opened_on"
+    carried = validator.validate(_account(operation="INSERT", opened_on="2020-01-31"))
+    assert isinstance(carried, ChangeEvent)
+    update = validator.validate(_account(operation="UPDATE"))
+    assert isinstance(update, ChangeEvent) and "opened_on" not in update.values
+
+
+def test_a_contract_s_own_envelope_fields_are_known_fields() -> None:
+    """With ``unknown_fields: quarantine`` the fields named by ``operation_field``,
+    ``event_id_field`` and ``timestamp_field`` are the envelope, not unknown fields."""
+    contract = ACCOUNT.model_copy(
+        update={"operation_field": "op", "event_id_field": "eid", "timestamp_field": "ts"}
+    )
+    record = json.loads(_account(opened_on="2020-01-31"))
+    record["op"], record["eid"], record["ts"] = (
+        record.pop("operation"),
+        record.pop("event_id"),
+        record.pop("event_timestamp"),
+    )
+    validator = ContractValidator(contract, datetime.now(UTC), timedelta(minutes=5))
+    event = validator.validate(json.dumps(record))
+    assert isinstance(event, ChangeEvent), event
+    record["nickname"] = "Bob"  # still an unknown field
+    unknown = validator.validate(json.dumps(record))
+    assert isinstance(unknown, Rejection) and "nickname" in unknown.detail
+
+
+def test_a_key_pattern_re2_cannot_compile_and_too_many_columns_are_config_errors(
+    tmp_path: Path,
+) -> None:
+    pattern = '    keys: [account_id]\n    key_patterns: {account_id: "(?<=a)b"}'
+    path = _write(tmp_path, ACCOUNTS.replace("    keys: [account_id]", pattern))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(path) in str(caught.value) and "not an RE2 pattern" in str(caught.value)
+    wide = [{"name": "k", "type": "integer"}] + [{"name": f"c{i}"} for i in range(63)]
+    with pytest.raises(ValueError, match="at most 62 non-key columns"):
+        TableContract.model_validate({"name": "w", "keys": ["k"], "columns": wide})
+    assert len(TableContract.model_validate(
+        {"name": "w", "keys": ["k"], "columns": wide[:63]}
+    ).attributes) == 62  # fmt: skip

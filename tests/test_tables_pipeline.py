@@ -20,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pytest
 import yaml
@@ -30,12 +31,13 @@ from hypothesis import strategies as st
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import TableError
-from cdcflow.layers.schema_log import SchemaDriftError, recorded_contracts
-from cdcflow.model.contracts import CUSTOMERS, TableContract
+from cdcflow.layers.schema_log import SchemaDriftError, contract_changes, recorded_contracts
+from cdcflow.model.contracts import CUSTOMERS, ColumnSpec, TableContract
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent
 from cdcflow.plan.history import contract_timeline
 from cdcflow.plan.reference import fold_changes
+from cdcflow.reconcile import contract_public_schema, reconcile_table
 from tests import forkrun
 from tests.conftest import REPO
 from tests.crashkit import run_cli
@@ -979,3 +981,108 @@ def test_a_lost_table_is_refused_and_a_newly_declared_table_starts_empty(tmp_pat
     assert applied.returncode == 0, applied.stderr
     assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 1
     assert silver(config, contract_of(config, "accounts"))[(1,)]["last_event_id"] == "A2"
+
+
+def _declare(root: Path, tables: list[dict[str, Any]], mode: str = "soft") -> CdcflowConfig:
+    """A config of ``tables`` (each in ``mode``), one landing file per micro-batch."""
+    raw = {
+        "pipeline": {"name": "odd"},
+        "storage": {"root": str(root / "lake")},
+        "source": {"path": str(root / "landing"), "max_files_per_trigger": 1},
+        "checkpoint": {"location": str(root / "lake" / "_checkpoints" / "odd")},
+        "tables": [{**t, "delete_mode": mode} for t in tables],
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "landing").mkdir(exist_ok=True)
+    path = root / "cdcflow.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_config(path)
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_a_table_of_keys_only_and_a_table_of_62_columns_follow_the_fold(
+    tmp_path: Path, mode: str
+) -> None:
+    """A link table (every column a key: no column registers) and a table whose present_mask
+    needs 64 bits (over 31 non-key columns) run, micro-batch after micro-batch, to the
+    reference fold and timeline."""
+    wide_columns = [{"name": "id", "type": "integer"}] + [
+        {"name": f"c{i}", "type": "integer"} for i in range(62)
+    ]
+    config = _declare(
+        tmp_path,
+        [
+            {
+                "name": "memberships",
+                "keys": ["user_id", "group_id"],
+                "columns": [
+                    {"name": "user_id", "type": "integer"},
+                    {"name": "group_id", "type": "integer"},
+                ],
+            },
+            {"name": "wide", "keys": ["id"], "columns": wide_columns},
+        ],
+        mode,
+    )
+    files = [
+        [
+            rec("memberships", "m1", "INSERT", 1, user_id=1, group_id=2),
+            rec("memberships", "m2", "INSERT", 2, user_id=1, group_id=3),
+            rec("wide", "w1", "INSERT", 3, id=1, **{f"c{i}": i for i in range(62)}),
+        ],
+        [
+            rec("memberships", "m3", "DELETE", 5, user_id=1, group_id=2),
+            rec("wide", "w2", "UPDATE", 6, id=1, c61=-1, c0=-2),
+            rec("wide", "w0", "UPDATE", 2, id=1, c30=-3),  # late: before the INSERT
+        ],
+        [
+            rec("memberships", "m4", "INSERT", 7, user_id=1, group_id=2),  # back again
+            rec("memberships", "m5", "DELETE", 4, user_id=1, group_id=3),  # late
+            rec("wide", "w3", "UPDATE", 8, id=1, c40=40_000),
+        ],
+    ]
+    lines = [json.dumps(r) for batch in files for r in batch]
+    write_files(config, [[json.dumps(r) for r in batch] for batch in files])
+    assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 3
+    assert_silver_is_the_fold(config, lines, ("memberships", "wide"))
+    wide = silver(config, contract_of(config, "wide"))[(1,)]
+    assert (wide["c0"], wide["c30"], wide["c40"], wide["c61"]) == (-2, 30, 40_000, -1)
+
+
+def test_non_key_columns_growing_past_31_stop_the_run() -> None:
+    """Bronze's present_mask keeps the width its table was created with (32 bits up to 31
+    non-key columns): a contract growing past 31 is an incompatible change."""
+    columns = [ColumnSpec(name="id", type="integer")] + [
+        ColumnSpec(name=f"c{i}") for i in range(30)
+    ]
+    old = TableContract(name="w", keys=("id",), columns=tuple(columns))
+    grown = old.model_copy(
+        update={"columns": (*columns, *(ColumnSpec(name=f"n{i}") for i in range(3)))}
+    )
+    changes = contract_changes(old, grown)
+    assert not changes[0].compatible and "past 31" in changes[0].text  # incompatible first
+    assert [c.text for c in changes[1:]] == [f"added column n{i} (string)" for i in range(3)]
+    one_more = old.model_copy(update={"columns": (*columns, ColumnSpec(name="n0"))})
+    assert all(c.compatible for c in contract_changes(old, one_more))  # 31: still 32 bits
+
+
+def test_a_pii_key_is_masked_in_reconcile_samples() -> None:
+    """A key column marked pii is personal data: reconcile's and replay's samples of missing,
+    extra and differing keys never show its values."""
+    contract = TableContract(
+        name="people",
+        keys=("email",),
+        columns=(ColumnSpec(name="email", pii=True), ColumnSpec(name="city")),
+    )
+    schema = contract_public_schema(contract)
+    frame = lambda rows: pl.from_arrow(pa.Table.from_pylist(rows, schema=schema))  # noqa: E731
+    base = {"is_deleted": False, "created_at": None, "last_updated_at": None}
+    actual = frame([{**base, "email": "ann@x.com", "city": "Paris"},
+                    {**base, "email": "bob@x.com", "city": "Rome"}])  # fmt: skip
+    expected = frame([{**base, "email": "ann@x.com", "city": "Lyon"},
+                      {**base, "email": "eve@x.com", "city": "Nice"}])  # fmt: skip
+    report = reconcile_table(actual, expected, contract)
+    assert report.missing_keys == report.extra_keys == report.rows_with_differences == 1
+    shown = json.dumps(report.to_json(), default=str)
+    assert not any(e in shown for e in ("ann@x.com", "bob@x.com", "eve@x.com")), shown
+    assert "Lyon" in shown  # a value of a column that is no personal data is shown

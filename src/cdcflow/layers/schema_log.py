@@ -53,7 +53,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import ConfigError
-from cdcflow.layers.contract_tables import arrow_type, contract_tables
+from cdcflow.layers.contract_tables import arrow_type, contract_tables, mask_type
 from cdcflow.layers.tables import TS, TableSpec, register
 from cdcflow.model.contracts import ColumnSpec, TableContract, parse_type
 
@@ -163,6 +163,14 @@ def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
             changes.append(Change(f"added column {name} ({spec.type})", True, added=name))
         else:
             changes.append(Change(f"added column {name} is not nullable", False))
+    if mask_type(old) != mask_type(new):  # Bronze's present_mask keeps its first width
+        changes.append(
+            Change(
+                f"non-key columns grow from {len(old.attributes)} to {len(new.attributes)}, past "
+                "31: Bronze's present_mask is a 32-bit integer (declare the table anew)",
+                False,
+            )
+        )
     if not changes and contract_json(old) != contract_json(new):
         changes.append(Change("constraints or envelope fields changed", True))
     return sorted(changes, key=lambda change: change.compatible)

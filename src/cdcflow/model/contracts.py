@@ -183,16 +183,33 @@ def coerce(value: Any, type_text: str) -> Any:
     raise TypeMismatch(f"not a value of type {type_text}")
 
 
+@functools.lru_cache(maxsize=256)
+def compile_re2(pattern: str) -> Any:
+    """``pattern`` compiled by RE2, once per pattern, without RE2 logging its own errors.
+
+    Raises:
+        re2.error: not an RE2 pattern.
+    """
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
 def _decimal(text: str, precision: int, scale: int, type_text: str) -> Decimal:
     """The exact decimal of ``text`` at ``scale``; never rounded (too many digits: mismatch)."""
     with localcontext() as context:
         context.prec = 80  # above any decimal(38, s) and its quantization
         try:
             parsed = Decimal(text)
+            # an exponent beyond the context (1e100 at scale 2) cannot be quantized
+            quantized = parsed.quantize(Decimal(1).scaleb(-scale))
         except InvalidOperation:
             raise TypeMismatch(f"not a value of type {type_text}") from None
-        quantized = parsed.quantize(Decimal(1).scaleb(-scale))
-        if quantized != parsed or len(quantized.as_tuple().digits) > precision:
+        if (
+            not parsed.is_finite()
+            or quantized != parsed
+            or len(quantized.as_tuple().digits) > precision
+        ):
             raise TypeMismatch(f"not a value of type {type_text} (too many digits)")
         return quantized
 
@@ -401,6 +418,13 @@ class TableContract(_Strict):
         unknown = [k for k in self.key_patterns if k not in self.keys]
         if unknown:
             raise ValueError(f"key_patterns names non-key column(s): {', '.join(unknown)}")
+        if len(self.attributes) > 62:  # present_mask: one bit per non-key column in an int64
+            raise ValueError(f"at most 62 non-key columns (has {len(self.attributes)})")
+        for name, pattern in self.key_patterns.items():
+            try:
+                compile_re2(pattern)
+            except re2.error as exc:
+                raise ValueError(f"key_patterns.{name}: not an RE2 pattern: {exc}") from None
         return self
 
     def column(self, name: str) -> ColumnSpec:
@@ -529,18 +553,6 @@ def typed_allowed(allowed: tuple[str, ...], type_text: str) -> frozenset[Any]:
         TypeMismatch: a value is not of the type (refused when the contract is loaded).
     """
     return frozenset(coerce(value, type_text) for value in allowed)
-
-
-@functools.lru_cache(maxsize=256)
-def compile_re2(pattern: str) -> Any:
-    """``pattern`` compiled by RE2, once per pattern, without RE2 logging its own errors.
-
-    Raises:
-        re2.error: not an RE2 pattern.
-    """
-    options = re2.Options()
-    options.log_errors = False
-    return re2.compile(pattern, options)
 
 
 def check_constraints(spec: ColumnSpec, stored: Any) -> str | None:

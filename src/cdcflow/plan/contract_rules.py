@@ -13,9 +13,9 @@ instead of constants. A record fails with the FIRST failing reason, in this orde
    the flat rules, read from the contract's ``event_id_field``, ``operation_field``,
    ``timestamp_field`` and ``lsn_field``.
 4. per column with its own ``reason`` (customers ``status``: ``INVALID_STATUS``), for an
-   INSERT/UPDATE: an INSERT without a ``required_on_insert`` column, a value that does not fit
-   the type, or a broken constraint (null where not nullable, not an allowed value, pattern,
-   bounds).
+   INSERT/UPDATE: an INSERT without a ``required_on_insert`` or ``nullable: false`` column
+   (an UPDATE's absent column is unchanged), a value that does not fit the type, or a broken
+   constraint (null where not nullable, not an allowed value, pattern, bounds).
 5. ``SCHEMA_MISMATCH`` — for an INSERT/UPDATE, a column value that does not fit its type or
    breaks a constraint (the detail names the column and the type or constraint, never the
    value); an object or array in the event id or in ``metadata.source_table`` /
@@ -62,6 +62,21 @@ from cdcflow.sources.formats import SOURCE_TRUNCATE
 
 #: Fields of the flat envelope, never "unknown" to a contract.
 ENVELOPE = ("event_id", "operation", "event_timestamp", "metadata")
+
+
+def known_fields(contract: TableContract) -> set[str]:
+    """The top-level record fields ``contract`` reads (the envelope's, its own envelope fields'
+    — ``operation_field``, ``event_id_field``, ``timestamp_field``, ``lsn_field`` — and its
+    columns'); any other field is unknown (``unknown_fields``)."""
+    known = {*ENVELOPE, *(c.field for c in contract.columns)}
+    for dotted in (
+        contract.lsn_field,
+        contract.operation_field,
+        contract.event_id_field,
+        contract.timestamp_field,
+    ):
+        known.add(dotted.split(".")[0])
+    return known
 
 
 def _set_sequence(event: ChangeEvent | TruncateEvent) -> None:
@@ -199,8 +214,7 @@ class ContractValidator:
         attributes = contract.attributes
         self._special = [c for c in attributes if c.reason != "SCHEMA_MISMATCH"]
         self._plain = [c for c in attributes if c.reason == "SCHEMA_MISMATCH"]
-        self._known = {*ENVELOPE, *(c.field for c in contract.columns)}
-        self._known.add(contract.lsn_field.split(".")[0])
+        self._known = known_fields(contract)
 
     def validate(self, raw: bytes | str) -> ChangeEvent | TruncateEvent | Rejection:
         """One raw record (a non-blank line) → the typed event or the first failing reason.
@@ -404,8 +418,8 @@ class ContractValidator:
         Returns:
             The problem (names the column, never the value), or None.
         """
-        if spec.field not in record:
-            if spec.required_on_insert and operation is Operation.INSERT:
+        if spec.field not in record:  # an UPDATE's absent column is unchanged
+            if operation is Operation.INSERT and (spec.required_on_insert or not spec.nullable):
                 return f"an INSERT must carry {spec.name}"
             return None
         value = record[spec.field]

@@ -106,12 +106,14 @@ def silver_merge_spec(silver_columns: list[str], contract: TableContract = CUSTO
     if missing:  # pragma: no cover - guards schema drift between layers and plan
         raise ValueError(f"MERGE spec does not cover Silver columns {sorted(missing)}")
 
-    newer_attr = " OR ".join(
-        f"COALESCE(s.{register(n)}, '') > COALESCE(t.{register(n)}, '')" for n in attributes
-    )
-    update_when = (
-        f"{s_row_newer} OR COALESCE(s._cdc_min_seq, '~') < t._cdc_min_seq "
-        f"OR t._cdc_min_seq <= s._cdc_tomb OR {newer_attr}"
+    # a table of keys only (a link table) has no column registers to compare
+    update_when = " OR ".join(
+        [
+            s_row_newer,
+            "COALESCE(s._cdc_min_seq, '~') < t._cdc_min_seq",
+            "t._cdc_min_seq <= s._cdc_tomb",
+            *(f"COALESCE(s.{register(n)}, '') > COALESCE(t.{register(n)}, '')" for n in attributes),
+        ]
     )
     return MergeSpec(
         on=key_predicate(contract),

@@ -114,10 +114,10 @@ from cdcflow.model.contracts import ColumnSpec, TableContract, is_system_column
 from cdcflow.model.events import Operation
 from cdcflow.model.lsn import LSN_KEY_WIDTH
 from cdcflow.plan.contract_rules import (
-    ENVELOPE,
     ChangeEvent,
     ContractValidator,
     TruncateEvent,
+    known_fields,
     route_name,
 )
 from cdcflow.plan.dedup import classify
@@ -674,16 +674,6 @@ class ContractTable:
             offsets,
             timedelta(days=self.contract.tombstone_retention_days),
         )
-
-
-def known_fields(contract: TableContract) -> set[str]:
-    """The top-level record fields ``contract`` reads (the envelope's and its columns'); any
-    other field is unknown (``unknown_fields``)."""
-    known = {*ENVELOPE, *(c.field for c in contract.columns)}
-    known.add(contract.lsn_field.split(".")[0])
-    for dotted in (contract.operation_field, contract.event_id_field, contract.timestamp_field):
-        known.add(dotted.split(".")[0])
-    return known
 
 
 def evolution(

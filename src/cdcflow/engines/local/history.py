@@ -148,7 +148,7 @@ def _continued(
         pl.lit("UPDATE").alias("operation"),
         pl.col("created_at").alias("event_timestamp"),
         *(pl.col(c.name) for c in contract.attributes),
-        pl.lit(all_bits, pl.Int32).alias("present_mask"),
+        pl.lit(all_bits).cast(new.schema["present_mask"]).alias("present_mask"),
         pl.col("lsn"),
         pl.col("sequence"),
     )

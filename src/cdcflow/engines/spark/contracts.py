@@ -54,7 +54,6 @@ from cdcflow.engines.local.contracts import (
     evolution,
     evolve_tables,
     files_rewritten,
-    known_fields,
     open_tables,
 )
 from cdcflow.engines.local.delta import merge_files_rewritten
@@ -74,7 +73,13 @@ from cdcflow.layers.tables import BATCH_LOG
 from cdcflow.logs import get_logger
 from cdcflow.model.contracts import TableContract
 from cdcflow.model.lsn import LSN_KEY_WIDTH
-from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent, route_name
+from cdcflow.plan.contract_rules import (
+    ChangeEvent,
+    ContractValidator,
+    TruncateEvent,
+    known_fields,
+    route_name,
+)
 from cdcflow.plan.merge_spec import TOMBSTONE_UPDATE_WHEN, key_predicate, silver_merge_spec
 from cdcflow.plan.routing import Route, Router
 from cdcflow.plan.rules import Rejection, parse_record
