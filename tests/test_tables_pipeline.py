@@ -983,7 +983,7 @@ def test_a_lost_table_is_refused_and_a_newly_declared_table_starts_empty(tmp_pat
     assert silver(config, contract_of(config, "accounts"))[(1,)]["last_event_id"] == "A2"
 
 
-def _declare(root: Path, tables: list[dict[str, Any]], mode: str = "soft") -> CdcflowConfig:
+def _declare_tables(root: Path, tables: list[dict[str, Any]], mode: str = "soft") -> CdcflowConfig:
     """A config of ``tables`` (each in ``mode``), one landing file per micro-batch."""
     raw = {
         "pipeline": {"name": "odd"},
@@ -1009,7 +1009,7 @@ def test_a_table_of_keys_only_and_a_table_of_62_columns_follow_the_fold(
     wide_columns = [{"name": "id", "type": "integer"}] + [
         {"name": f"c{i}", "type": "integer"} for i in range(62)
     ]
-    config = _declare(
+    config = _declare_tables(
         tmp_path,
         [
             {
@@ -1086,3 +1086,27 @@ def test_a_pii_key_is_masked_in_reconcile_samples() -> None:
     shown = json.dumps(report.to_json(), default=str)
     assert not any(e in shown for e in ("ann@x.com", "bob@x.com", "eve@x.com")), shown
     assert "Lyon" in shown  # a value of a column that is no personal data is shown
+
+
+def test_replay_apply_refuses_to_drop_events_a_changed_contract_rejects(tmp_path: Path) -> None:
+    """A constraint added after an event was accepted applies to the next micro-batches: a
+    replay under it would reject that event, so --apply writes nothing (found by an attack:
+    Silver lost the accepted row)."""
+    table = {"name": "scores", "keys": ["id"], "columns": [
+        {"name": "id", "type": "integer"}, {"name": "v", "type": "integer"}]}  # fmt: skip
+    config = _declare_tables(tmp_path, [table])
+    write_files(config, [[json.dumps(rec("scores", "s1", "INSERT", 1, id=1, v=500))]])
+    assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 1
+    table["columns"][1]["maximum"] = 100  # type: ignore[index]
+    config = _declare_tables(tmp_path, [table])
+    assert Pipeline(config).run(Trigger.parse("available-now")) == []  # the change is recorded
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    path = str(tmp_path / "cdcflow.yaml")
+    verify = forkrun.run(["replay", "--config", path, "--verify"], env, REPO, 120)
+    assert verify.returncode == 1 and "rejected on replay" in verify.stdout, verify.stdout
+    applied = forkrun.run(["replay", "--config", path, "--apply"], env, REPO, 120)
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    assert "table scores: 1 (SCHEMA_MISMATCH)" in applied.stderr and "nothing was written" in (
+        applied.stderr
+    )
+    assert silver(config, contract_of(config, "scores"))[(1,)]["v"] == 500

@@ -119,9 +119,25 @@ def apply_tables(config: CdcflowConfig, replays: list[TableReplay]) -> int:
         The replay id.
 
     Raises:
-        ReplayError: a table's Bronze moved past the replayed version.
+        ReplayError: a table's Bronze moved past the replayed version, or its replay rejects
+            events the pipeline accepted (nothing is written).
         CheckpointError: a pipeline run holds the checkpoint lock.
     """
+    refused = {r.table: r.rejected for r in replays if r.rejected}
+    if refused:
+        # Bronze holds accepted events only: a rejection on replay is an event the contract
+        # took when it arrived and a changed contract (a constraint, a column added with a type
+        # its old field does not fit) no longer takes. A contract change applies to the
+        # micro-batches after it (docs/tables.md): applying would drop those events from Silver.
+        shown = "; ".join(
+            f"table {table}: {sum(reasons.values())} ({', '.join(sorted(reasons))})"
+            for table, reasons in refused.items()
+        )
+        raise ReplayError(
+            f"replay --apply: the current contracts reject events the pipeline accepted ({shown});"
+            " writing the replay would drop them from Silver, so nothing was written (a contract "
+            "change applies to the micro-batches after it: docs/tables.md)"
+        )
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     with Checkpoint.of(config).lock():
