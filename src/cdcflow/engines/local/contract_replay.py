@@ -31,7 +31,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.contracts import in_table_order
-from cdcflow.engines.local.delta import txn_done
+from cdcflow.engines.local.delta import DeltaStore, txn_done
 from cdcflow.engines.local.fold import batch_tombstones, change_frame, fold_events
 from cdcflow.engines.local.replay import ReplayError, replay_app_id
 from cdcflow.layers.contract_replay import TableReplay, held_contracts
@@ -90,17 +90,8 @@ def check_replays(config: CdcflowConfig) -> None:
 def _overwrite(
     config: CdcflowConfig, spec: TableSpec, frame: pl.DataFrame, props: CommitProperties
 ) -> int:
-    uri, options = config.table_uri(spec.name), config.storage.options or None
-    if not DeltaTable.is_deltatable(uri, storage_options=options):  # a lost table: written anew
-        DeltaTable.create(
-            uri,
-            schema=spec.schema,
-            partition_by=list(spec.partition_by) or None,
-            configuration=spec.configuration or None,
-            mode="ignore",
-            storage_options=options,
-        )
-    table = _open(config, spec.name)
+    # a lost table (check_tables_kept) is created empty first, as a run creates it
+    table = DeltaStore({spec.name: config.table_uri(spec.name)}, config.storage.options).open(spec)
     ordered = in_table_order(spec, table)
     data = frame.select(ordered.schema.names).to_arrow().cast(ordered.schema)
     write_deltalake(table, data, mode="overwrite", commit_properties=props)

@@ -588,14 +588,9 @@ def check_tables_kept(
     last = checkpoint.last_batch()
     if last is None:
         return
-    options = config.storage.options or None
     lost: list[str] = []
     for group in groups:
-        missing = [
-            spec.name
-            for spec in group
-            if not DeltaTable.is_deltatable(config.table_uri(spec.name), storage_options=options)
-        ]
+        missing = [spec.name for spec in group if not _exists(config, spec)]
         if missing and not (partial_only and len(missing) == len(group)):
             lost += missing
     if lost:
