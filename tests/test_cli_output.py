@@ -282,3 +282,26 @@ def test_logs_go_to_a_redirected_stderr_while_stdout_is_a_terminal(
     assert committed == [0, 1]
     shown = b"".join(screen).decode()
     assert '"levelname"' not in shown and "ev/s" in shown  # the results, no log line
+
+
+def test_an_unexpected_library_error_is_one_line_without_its_backtrace(tmp_path: Path) -> None:
+    """A Delta log that delta-rs cannot parse (a corrupt commit file): one line, the library's
+    message without the Rust backtrace it appends (``0: <unknown>`` frames), exit 1."""
+    from cdcflow.cli.app import unexpected_message
+
+    raw = "Kernel error: Json error: bad\n   0: <unknown>\n  12: start_thread\n   at x.c:1:8\n"
+    assert (
+        unexpected_message(RuntimeError(raw))
+        == "unexpected RuntimeError: Kernel error: Json error: bad"
+    )
+    work = tmp_path
+    (work / "cdcflow.yaml").write_text(CONFIG)
+    gen = cdcflow("generate", "--out", "landing", "--events", "50", "--files", "1", cwd=work)
+    assert gen.returncode == 0, gen.stderr
+    assert cdcflow("run", "--config", "cdcflow.yaml", cwd=work).returncode == 0
+    log = sorted((work / "lakehouse" / "silver" / "customers" / "_delta_log").glob("*.json"))
+    log[-1].write_text("garbage\n")
+    status = cdcflow("status", "--config", "cdcflow.yaml", cwd=work)
+    assert status.returncode == 1
+    line = one_error_line(status)
+    assert "Json error" in line and "<unknown>" not in line and "start_thread" not in line

@@ -90,11 +90,15 @@ _OBJECT_STORE = ("Generic S3 error", "Generic MicrosoftAzure error", "Generic GC
 _QUOTED = 300
 
 
+#: Where a Rust library's backtrace starts in its error text (delta-rs: ``\n   0: <unknown>``).
+_BACKTRACE = re.compile(r"\n\s*(?:Stack backtrace:|0: )")
+
+
 def unexpected_message(exc: BaseException) -> str:
     """The one-line message of an unexpected exception: its type and text, without table rows,
     colour codes or more than ``_QUOTED`` characters of the library's text; an object store
     failure says which settings to check."""
-    text = _ANSI.sub("", without_rows(str(exc))).strip()
+    text = _ANSI.sub("", without_rows(_BACKTRACE.split(str(exc), maxsplit=1)[0])).strip()
     if len(text) > _QUOTED:
         text = text[:_QUOTED] + "…"
     module = type(exc).__module__ or ""
