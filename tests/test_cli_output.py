@@ -305,3 +305,21 @@ def test_an_unexpected_library_error_is_one_line_without_its_backtrace(tmp_path:
     assert status.returncode == 1
     line = one_error_line(status)
     assert "Json error" in line and "<unknown>" not in line and "start_thread" not in line
+
+
+def test_commands_that_read_the_lakehouse_name_a_missing_one(tmp_path: Path) -> None:
+    """Before the first run (or with storage.root naming another folder) reconcile and gold say
+    which table is missing under which root, in one line (exit 2), and create nothing."""
+    (tmp_path / "cdcflow.yaml").write_text(CONFIG)
+    gen = cdcflow("generate", "--out", "landing", "--events", "20", "--files", "1",
+                  "--expected", "expected.parquet", cwd=tmp_path)  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    for args, table in (
+        (("reconcile", "--expected", "expected.parquet"), "silver/customers"),
+        (("gold",), "silver/customer_history"),
+    ):
+        result = cdcflow(*args, "--config", "cdcflow.yaml", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        line = one_error_line(result)
+        assert table in line and "storage.root" in line and "run the pipeline first" in line
+    assert not (tmp_path / "lakehouse").exists()

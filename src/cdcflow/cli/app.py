@@ -18,16 +18,19 @@ import sys
 import traceback
 import unicodedata
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from cdcflow.cli.options import ConfigOption, HelpCommand, HelpGroup
 from cdcflow.config import CdcflowConfig, load_config
-from cdcflow.errors import CdcflowError, ConfigError
+from cdcflow.errors import CdcflowError, ConfigError, UsageError
 from cdcflow.logs import set_log_format, setup_logging
 from cdcflow.report import BatchReport
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 app = typer.Typer(
     name="cdcflow",
@@ -191,6 +194,34 @@ def load(config_path: Path, declared_tables: bool = False) -> CdcflowConfig:
         )
     setup_logging(config.logging.level, config.logging.file)
     return config
+
+
+def existing_table(config: CdcflowConfig, name: str, command: str) -> DeltaTable:
+    """The latest version of the Delta table ``name`` under ``storage.root``, for a command
+    that reads what the pipeline wrote.
+
+    Raises:
+        UsageError: no such table yet: the pipeline has not run, or ``storage.root`` names
+            another folder (the message names the table, the root and ``command``).
+        ConfigError: a file stands where ``storage.root``'s folders would be.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from cdcflow.engines.local.delta import local_path, unwritable_root
+
+    uri = config.table_uri(name)
+    try:
+        return DeltaTable(uri, storage_options=config.storage.options or None)
+    except TableNotFoundError as exc:
+        path = local_path(uri)
+        in_the_way = path is not None and any(p.is_file() for p in (path, *path.parents))
+        if in_the_way:  # a file where storage.root's folders would be: say so, as a run does
+            raise unwritable_root(uri, exc) from None
+        raise UsageError(
+            f"{command}: {name} does not exist under storage.root {config.storage.root} yet "
+            "(run the pipeline first, or check storage.root)"
+        ) from None
 
 
 @app.command(cls=HelpCommand)

@@ -96,11 +96,12 @@ def gold(
 
     if output not in OUTPUTS:
         raise UsageError(f"--output: expected table or json, got {output!r}")
-    from cdcflow.cli.app import console, load
+    from cdcflow.cli.app import console, existing_table, load
     from cdcflow.cli.progress import working
     from cdcflow.engines.local.gold import refresh_gold
 
     cfg = load(config)
+    existing_table(cfg, "silver/customer_history", "gold")  # Gold is computed from it
     with working("gold: recomputing the tables"):
         refresh_gold(cfg)
     if output == "json":

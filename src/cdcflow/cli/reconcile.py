@@ -32,13 +32,10 @@ if TYPE_CHECKING:
 
 def read_silver(config: CdcflowConfig) -> pl.DataFrame:
     """Silver's public columns at its latest version (one row per customer_id)."""
-    from deltalake import DeltaTable
-
+    from cdcflow.cli.app import existing_table
     from cdcflow.engines.local.delta import scan_table
 
-    table = DeltaTable(
-        config.table_uri("silver/customers"), storage_options=config.storage.options or None
-    )
+    table = existing_table(config, "silver/customers", "reconcile")
     return scan_table(table).select(list(SILVER_COLUMNS)).collect()
 
 
@@ -124,8 +121,8 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
         UsageError: the folder or a table's expected file is missing or unreadable.
     """
     import polars as pl
-    from deltalake import DeltaTable
 
+    from cdcflow.cli.app import existing_table
     from cdcflow.layers.erasure import mask_erased
     from cdcflow.reconcile import contract_public_schema, reconcile_table
 
@@ -145,10 +142,7 @@ def reconcile_tables(config: CdcflowConfig, expected: Path) -> dict[str, Reconci
             raise UsageError(f"--expected: cannot read {path} ({type(exc).__name__})") from exc
         frame = mask_erased(config, contract.name, frame)
         columns = contract_public_schema(contract).names
-        silver = DeltaTable(
-            config.table_uri(contract.table_names.silver),
-            storage_options=config.storage.options or None,
-        )
+        silver = existing_table(config, contract.table_names.silver, "reconcile")
         actual = pl.from_arrow(read_arrow(silver, columns=columns))
         assert isinstance(actual, pl.DataFrame)
         reports[contract.name] = reconcile_table(

@@ -25,20 +25,12 @@ def read_contract_silver(config: CdcflowConfig, contract: TableContract) -> pl.D
     Raises:
         UsageError: the Silver table does not exist yet.
     """
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
+    from cdcflow.cli.app import existing_table
     from cdcflow.engines.local.delta import scan_table
     from cdcflow.layers.tables import register
 
     name = contract.table_names.silver
-    try:
-        table = DeltaTable(config.table_uri(name), storage_options=config.storage.options or None)
-    except TableNotFoundError:
-        raise UsageError(
-            f"validate: table {contract.name}: {name} does not exist under storage.root yet "
-            "(run the pipeline first)"
-        ) from None
+    table = existing_table(config, name, f"validate: table {contract.name}")
     frame = scan_table(table)
     present = frame.collect_schema().names()
     wanted = [c.name for c in contract.columns if c.name in present]
