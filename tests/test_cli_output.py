@@ -21,6 +21,18 @@ from cdcflow.state.faults import CRASH_EXIT_CODE
 from tests.test_cli import CONFIG, cdcflow, one_error_line
 
 
+def read_terminal(master: int, received: list[bytes]) -> None:
+    """Append what a pseudo-terminal's process writes to ``received`` until it closes it."""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            return
+        if not chunk:
+            return
+        received.append(chunk)
+
+
 def cdcflow_on_terminal(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
@@ -42,18 +54,7 @@ def cdcflow_on_terminal(
     )
     os.close(slave)
     received: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the process closed the terminal
-                return
-            if not chunk:
-                return
-            received.append(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
+    reader = threading.Thread(target=read_terminal, args=(master, received), daemon=True)
     reader.start()
     out, _ = proc.communicate(timeout=300)
     reader.join(timeout=10)
@@ -267,14 +268,7 @@ def test_logs_go_to_a_redirected_stderr_while_stdout_is_a_terminal(
         )  # fmt: skip
         os.close(slave)
         screen: list[bytes] = []
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the process closed the terminal
-                break
-            if not chunk:
-                break
-            screen.append(chunk)
+        read_terminal(master, screen)
         assert proc.wait(timeout=300) == 0
     os.close(master)
     records = [json.loads(line) for line in (work / "run.log").read_text().splitlines()]
