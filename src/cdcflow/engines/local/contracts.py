@@ -769,11 +769,10 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     contracts = config.contracts()
     # a lost table is refused before it is recreated empty; a table declared since the last
     # run (all of its tables missing) starts empty
-    check_tables_kept(config, [[UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]])
     check_tables_kept(
         config,
+        [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG],
         [list(vars(contract_tables(c)).values()) for c in contracts],
-        partial_only=True,
     )
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
     decodes = Router.of(config, contracts).decodes

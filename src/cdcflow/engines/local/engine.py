@@ -84,7 +84,7 @@ class LocalEngine:
         )
         from cdcflow.engines.local.replay import check_lakehouse, check_tables_kept
 
-        check_tables_kept(config, [list(ALL_TABLES)])  # before a lost table is recreated empty
+        check_tables_kept(config, list(ALL_TABLES))  # before a lost table is recreated empty
         for spec in ALL_TABLES:
             self.store.ensure(spec)
 

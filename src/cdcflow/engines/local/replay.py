@@ -561,7 +561,9 @@ def check_lakehouse(config: CdcflowConfig) -> None:
 
 
 def check_tables_kept(
-    config: CdcflowConfig, groups: list[list[TableSpec]], *, partial_only: bool = False
+    config: CdcflowConfig,
+    kept: list[TableSpec],
+    per_table: list[list[TableSpec]] | None = None,
 ) -> None:
     """Start-up check of the engines: refuse micro-batches on a lakehouse that lost a table
     its checkpoint's micro-batches wrote (called before the engine creates missing tables).
@@ -569,29 +571,29 @@ def check_tables_kept(
     A run creates a missing table empty; after committed micro-batches that would silently
     restart the table from nothing (a lost ``silver/customers`` recreated with only the next
     batch's keys), while the checkpoint skips every landing file already taken. So once the
-    checkpoint (``checkpoint.location``) holds a micro-batch, every table of ``groups`` must
-    exist. A lost Silver or tombstones table is rebuilt from Bronze by ``cdcflow replay
-    --apply`` (docs/recovery_playbook.md, section 2).
+    checkpoint (``checkpoint.location``) holds a micro-batch, the tables must exist. A lost
+    Silver or tombstones table is rebuilt from Bronze by ``cdcflow replay --apply``
+    (docs/recovery_playbook.md, section 2).
 
     Args:
         config: the pipeline's config.
-        groups: the tables the engine creates at start-up, one list per declared table (the
-            customers pipeline: one list of all its tables).
-        partial_only: refuse a group only when some of its tables exist and others do not
-            (declared tables: a table added to ``tables:`` after earlier runs starts empty).
+        kept: tables that must all exist (the customers pipeline's; the declared tables'
+            shared audit tables).
+        per_table: the Delta tables of each declared table: refused when some exist and others
+            do not; a table added to ``tables:`` after earlier runs (none exist) starts empty.
 
     Raises:
-        TableError: a table of a group is missing; the message names each missing table, the
+        TableError: a table is missing; the message names each missing table, the
             checkpoint, and what to do.
     """
     checkpoint = Checkpoint.of(config)
     last = checkpoint.last_batch()
     if last is None:
         return
-    lost: list[str] = []
-    for group in groups:
+    lost = [spec.name for spec in kept if not _exists(config, spec)]
+    for group in per_table or []:
         missing = [spec.name for spec in group if not _exists(config, spec)]
-        if missing and not (partial_only and len(missing) == len(group)):
+        if len(missing) < len(group):  # none missing, or a lost one
             lost += missing
     if lost:
         raise TableError(

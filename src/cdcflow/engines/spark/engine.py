@@ -147,7 +147,7 @@ class SparkEngine:
         )
         from cdcflow.engines.local.replay import check_lakehouse, check_tables_kept
 
-        check_tables_kept(config, [list(ALL_TABLES)])  # before a lost table is recreated empty
+        check_tables_kept(config, list(ALL_TABLES))  # before a lost table is recreated empty
         for spec in ALL_TABLES:  # same schemas, partitioning and properties as the local engine
             self.store.ensure(spec)
 
