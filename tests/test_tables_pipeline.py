@@ -31,7 +31,13 @@ from hypothesis import strategies as st
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import TableError
-from cdcflow.layers.schema_log import SchemaDriftError, contract_changes, recorded_contracts
+from cdcflow.layers.schema_log import (
+    SchemaDriftError,
+    accept,
+    contract_changes,
+    recorded_contracts,
+    utc_now,
+)
 from cdcflow.model.contracts import CUSTOMERS, ColumnSpec, TableContract
 from cdcflow.pipeline import Pipeline, Trigger
 from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator, TruncateEvent
@@ -1047,6 +1053,45 @@ def test_a_table_of_keys_only_and_a_table_of_62_columns_follow_the_fold(
     assert_silver_is_the_fold(config, lines, ("memberships", "wide"))
     wide = silver(config, contract_of(config, "wide"))[(1,)]
     assert (wide["c0"], wide["c30"], wide["c40"], wide["c61"]) == (-2, 30, 40_000, -1)
+
+
+def test_a_moved_delta_table_stops_the_run_until_restored_or_accepted(tmp_path: Path) -> None:
+    """A changed Delta table path under ``tables:`` would leave the tables built so far behind
+    and restart the table empty: an incompatible change, whichever path moved."""
+    config = write_config(tmp_path)
+    write_files(config, [[json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1))]])
+    Pipeline(config).run(Trigger.parse("available-now"))
+    defaults = contract_of(config, "accounts").table_names.model_dump(exclude_defaults=True)
+    for kind in ("bronze", "silver", "history", "tombstones", "quarantine", "outcomes"):
+
+        def move(raw: dict[str, Any], kind: str = kind) -> None:
+            _accounts(raw)["tables"] = {**defaults, kind: f"moved/accounts_{kind}"}
+
+        moved = _declare(config, move)
+        with pytest.raises(SchemaDriftError) as caught:
+            Pipeline(moved)
+        assert f"Delta table paths changed ({kind} from " in str(caught.value), kind
+        assert not (tmp_path / "lake" / "moved").exists()
+    # the same paths spelled out, and a new Snowflake table name, are no drift
+    renamed = _declare(
+        config,
+        lambda raw: _accounts(raw).update(tables={**defaults, "snowflake": "ACCOUNTS_V2"}),
+    )
+    write_files(renamed, [[json.dumps(rec("accounts", "A2", "INSERT", 20, account_id=2))]])
+    Pipeline(renamed).run(Trigger.parse("available-now"))
+    assert set(silver(renamed, contract_of(renamed, "accounts"))) == {(1,), (2,)}
+    # accepting a move retires the old tables; the table starts afresh at the new path
+    moved = _declare(
+        renamed,
+        lambda raw: _accounts(raw).update(tables={**defaults, "silver": "silver/accounts_v2"}),
+    )
+    log = DeltaTable(config.table_uri("audit/schema_log"))
+    accepted = accept(log, str(tmp_path / "lake"), contract_of(moved, "accounts"), utc_now())
+    assert accepted.changes and accepted.retired_to is not None
+    assert (accepted.retired_to / "silver" / "accounts" / "_delta_log").is_dir()
+    write_files(moved, [[json.dumps(rec("accounts", "A3", "INSERT", 30, account_id=3))]])
+    Pipeline(moved).run(Trigger.parse("available-now"))
+    assert set(silver(moved, contract_of(moved, "accounts"))) == {(3,)}
 
 
 def test_non_key_columns_growing_past_31_stop_the_run() -> None:

@@ -20,10 +20,12 @@ with that row (:func:`contract_changes`):
 * **incompatible** changes stop the run before anything is written, in one line naming the
   table, the column and the change (:class:`SchemaDriftError`): a key column changed (name,
   order or type), a column's type changed, a declared column removed, a new column that is not
-  nullable, a changed delete mode. The run stays stopped until the contract is restored or the
-  operator runs ``cdcflow schema accept --table T``, which moves the table's Delta tables aside
-  (to ``_retired/<table>/v<version>-<UTC time>/`` under ``storage.root``, nothing deleted) and
-  records the new contract: the next run starts the table afresh under it.
+  nullable, a changed delete mode, a moved Delta table (a changed path under ``tables:``: the
+  tables built so far would be left behind and the table restart empty). The run stays stopped
+  until the contract is restored or the operator runs ``cdcflow schema accept --table T``,
+  which moves the table's Delta tables aside (to ``_retired/<table>/v<version>-<UTC time>/``
+  under ``storage.root``, nothing deleted) and records the new contract: the next run starts
+  the table afresh under it.
 
 The anchors: dlt schema contracts (evolve / freeze), Flink CDC ``schema.change.behavior``, and
 the reference submissions' stop-the-line on incompatible drift.
@@ -163,6 +165,19 @@ def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
             changes.append(Change(f"added column {name} ({spec.type})", True, added=name))
         else:
             changes.append(Change(f"added column {name} is not nullable", False))
+    moved = [
+        f"{kind} from {before} to {after}"
+        for kind, before, after in _table_paths(old, new)
+        if before != after
+    ]
+    if moved:
+        changes.append(
+            Change(
+                f"Delta table paths changed ({'; '.join(moved)}), leaving the tables built so "
+                "far behind",
+                False,
+            )
+        )
     if mask_type(old) == pa.int32() != mask_type(new):  # Bronze's mask keeps its first width
         changes.append(
             Change(
@@ -174,6 +189,17 @@ def contract_changes(old: TableContract, new: TableContract) -> list[Change]:
     if not changes and contract_json(old) != contract_json(new):
         changes.append(Change("constraints or envelope fields changed", True))
     return sorted(changes, key=lambda change: change.compatible)
+
+
+def _table_paths(old: TableContract, new: TableContract) -> list[tuple[str, str, str]]:
+    """(kind, old path, new path) of each Delta table of the two contracts (the Snowflake
+    table is not a Delta table: a new name is only a new sync target)."""
+    before, after = old.table_names, new.table_names
+    pairs = [
+        (kind, getattr(before, kind), getattr(after, kind))
+        for kind in ("bronze", "quarantine", "silver", "history", "tombstones")
+    ]
+    return [*pairs, ("outcomes", old.outcomes_table, new.outcomes_table)]
 
 
 #: The ``change`` text of a column added from an event field (``unknown_fields: evolve``).

@@ -58,6 +58,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 from deltalake.schema import Field as DeltaField
 
 from cdcflow.config import CdcflowConfig
@@ -767,13 +768,6 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
 
     check_replays(config)  # an unfinished replay --apply: refuse before anything is written
     contracts = config.contracts()
-    # a lost table is refused before it is recreated empty; a table declared since the last
-    # run (all of its tables missing) starts empty
-    check_tables_kept(
-        config,
-        [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG],
-        [list(vars(contract_tables(c)).values()) for c in contracts],
-    )
     specs: list[TableSpec] = [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG]
     decodes = Router.of(config, contracts).decodes
     if decodes:  # a decoding format: its skipped records are counted
@@ -790,11 +784,19 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     store = DeltaStore(
         {spec.name: config.table_uri(spec.name) for spec in specs}, config.storage.options
     )
+    declared = contracts
+    # the drift stop first: a contract that moved its tables is named as such, not as lost
+    checked = _drift_checked(store, declared, config) if _exists(store, SCHEMA_LOG) else None
+    # a lost table is refused before it is recreated empty; a table declared since the last
+    # run (all of its tables missing) starts empty
+    check_tables_kept(
+        config,
+        [UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, SCHEMA_LOG],
+        [list(vars(contract_tables(c)).values()) for c in contracts],
+    )
     store.ensure(SCHEMA_LOG)
-    # the columns earlier runs added from event fields are part of the contract
-    evolved = evolved_columns(store.table(SCHEMA_LOG))
-    contracts = [with_columns(c, evolved.get(c.name, [])) for c in contracts]
-    evolutions = schema_changes(store, contracts, config)  # a drift stop raises before a write
+    # a new lakehouse: every table is recorded as created
+    contracts, evolutions = checked or _drift_checked(store, declared, config)
     for contract in contracts:
         for spec in vars(contract_tables(contract)).values():
             store.ensure(spec)
@@ -802,6 +804,30 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, *optional):
         store.ensure(spec)
     return store, contracts, evolve_tables(store, evolutions)
+
+
+def _exists(store: DeltaStore, spec: TableSpec) -> bool:
+    """Whether ``spec``'s Delta table exists (read only: nothing is created)."""
+    try:
+        DeltaTable(store.uri_of[spec.name], storage_options=store.storage_options)
+    except TableNotFoundError:
+        return False
+    return True
+
+
+def _drift_checked(
+    store: DeltaStore, declared: list[TableContract], config: CdcflowConfig
+) -> tuple[list[TableContract], list[tuple[TableContract, list[Change]]]]:
+    """The declared contracts with the columns earlier runs evolved from event fields, and
+    their changes since the recorded ones (:func:`schema_changes`; ``audit/schema_log``
+    exists).
+
+    Raises:
+        SchemaDriftError: a contract changed incompatibly.
+    """
+    evolved = evolved_columns(store.table(SCHEMA_LOG))
+    contracts = [with_columns(c, evolved.get(c.name, [])) for c in declared]
+    return contracts, schema_changes(store, contracts, config)
 
 
 def schema_changes(
