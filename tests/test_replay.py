@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from cdcflow.cli.app import app
 from cdcflow.engines.local import replay
-from cdcflow.engines.local.delta import read_arrow
+from cdcflow.engines.local.delta import read_arrow, version_after_batch
 from cdcflow.errors import TableError
 from cdcflow.generator import GeneratorConfig, expected_outcome, generate
 from cdcflow.layers.tables import SILVER
@@ -97,6 +97,22 @@ def test_to_version_reads_bronze_by_time_travel(tmp_path) -> None:
     assert (result.bronze_version, result.bronze_rows, result.events) == (first, 1, 1)
     shadow = pl.scan_delta(lake.config.table_uri("_shadow/silver/customers")).collect()
     assert shadow["city"].to_list() == ["Rennes"]
+    # --verify compares it with Silver as that micro-batch left it, not with today's Silver
+    replay.verify(lake.config, result)
+    assert result.verified is True, result.to_json()
+    assert result.silver_report is not None
+    assert result.silver_report.actual_label.endswith("(after micro-batch 0)")
+    latest = replay.verify(lake.config, replay.rebuild_shadow(lake.config))
+    assert latest.verified is True and latest.silver_report is not None
+    assert "after micro-batch" not in latest.silver_report.actual_label
+    # the version micro-batch 0 left Silver at, and the latest for the last micro-batch
+    silver = DeltaTable(lake.config.table_uri(SILVER.name))
+    app_id = f"cdcflow-{lake.config.pipeline.name}"
+    batch_zero = version_after_batch(silver.table_uri, None, app_id, 0)
+    assert pl.from_arrow(read_arrow(DeltaTable(silver.table_uri, version=batch_zero)))[
+        "city"
+    ].to_list() == ["Rennes"]
+    assert version_after_batch(silver.table_uri, None, app_id, 1) == silver.version()
     # --apply only from the latest Bronze: it would otherwise drop later batches
     with pytest.raises(replay.ReplayError):
         replay.apply(lake.config, result)

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from cdcflow.config import CdcflowConfig, load_config
 from cdcflow.engines.local.delta import read_arrow
 from cdcflow.errors import TableError
+from cdcflow.layers.contract_replay import replay_table
 from cdcflow.layers.schema_log import (
     SchemaDriftError,
     accept,
@@ -1092,6 +1093,40 @@ def test_a_moved_delta_table_stops_the_run_until_restored_or_accepted(tmp_path: 
     write_files(moved, [[json.dumps(rec("accounts", "A3", "INSERT", 30, account_id=3))]])
     Pipeline(moved).run(Trigger.parse("available-now"))
     assert set(silver(moved, contract_of(moved, "accounts"))) == {(3,)}
+
+
+def test_replay_to_an_older_bronze_version_compares_with_silver_of_that_time(
+    tmp_path: Path,
+) -> None:
+    """``replay --verify --to-version N`` of a declared table compares the replay of Bronze
+    version N with Silver as the last micro-batch in it left Silver (found by a new-user
+    trial: it was compared with today's Silver and reported every later change)."""
+    config = write_config(tmp_path)
+    write_files(
+        config,
+        [
+            [json.dumps(rec("accounts", "A1", "INSERT", 10, account_id=1, vip=True))],
+            [json.dumps(rec("accounts", "A2", "UPDATE", 20, account_id=1, vip=False))],
+        ],
+    )
+    assert len(Pipeline(config).run(Trigger.parse("available-now"))) == 2
+    contract = contract_of(config, "accounts")
+    bronze = DeltaTable(config.table_uri("bronze/accounts_events"))
+    first = next(
+        v for v in range(bronze.version() + 1)
+        if len(read_arrow(DeltaTable(bronze.table_uri, version=v))) == 1
+    )  # fmt: skip
+    old = replay_table(config, contract, to_version=first)
+    assert old.report.ok, old.report.to_json()
+    assert old.report.actual_label.endswith("(after micro-batch 0)")
+    latest = replay_table(config, contract)
+    assert latest.report.ok and latest.report.actual_label == "live silver"
+    # the comparison is real: damaging Silver now leaves the old comparison alone
+    DeltaTable(config.table_uri("silver/accounts")).update(
+        updates={"vip": "true"}, predicate="account_id = 1"
+    )
+    assert replay_table(config, contract, to_version=first).report.ok
+    assert not replay_table(config, contract).report.ok
 
 
 def test_non_key_columns_growing_past_31_stop_the_run() -> None:

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
-from cdcflow.engines.local.delta import read_arrow
+from cdcflow.engines.local.delta import read_arrow, version_after_batch
 from cdcflow.errors import TableError
 from cdcflow.layers.contract_tables import contract_tables
 from cdcflow.layers.schema_log import SCHEMA_LOG, recorded_contracts
@@ -165,7 +165,8 @@ def replay_table(
     Args:
         config: the pipeline configuration (``processing.max_clock_skew``).
         contract: the contract the table's Delta tables hold.
-        to_version: the Bronze version to read (None: the latest).
+        to_version: the Bronze version to read (None: the latest); an older one is compared
+            with Silver as the last micro-batch in it left it.
 
     Returns:
         The replay, with its comparison report.
@@ -173,7 +174,9 @@ def replay_table(
     tables = contract_tables(contract)
     bronze = _open(config, tables.bronze.name, to_version)
     read = pl.from_arrow(
-        read_arrow(bronze, columns=["raw_payload", "ingested_at", "is_duplicate", "sequence"])
+        read_arrow(
+            bronze, columns=["raw_payload", "ingested_at", "is_duplicate", "sequence", "batch_id"]
+        )
     )
     assert isinstance(read, pl.DataFrame)
     rows = read.filter(~pl.col("is_duplicate")).sort("sequence")
@@ -213,13 +216,26 @@ def replay_table(
     result.silver_rows = expected.height
     public = contract_public_schema(contract)
     silver_uri = config.table_uri(tables.silver.name)
+    live_label = "live silver"
     if DeltaTable.is_deltatable(silver_uri, storage_options=config.storage.options or None):
-        live = pl.from_arrow(read_arrow(_open(config, tables.silver.name), columns=public.names))
+        version = None
+        if bronze.version() < _open(config, tables.bronze.name).version():  # --to-version
+            # Silver as the last micro-batch in that Bronze left it, not today's
+            last_batch = read.select(pl.col("batch_id").max()).item()
+            version = version_after_batch(
+                silver_uri,
+                config.storage.options,
+                f"cdcflow-{config.pipeline.name}",
+                -1 if last_batch is None else last_batch,
+            )
+            live_label = f"silver v{version} (after micro-batch {last_batch})"
+        silver = _open(config, tables.silver.name, version)
+        live = pl.from_arrow(read_arrow(silver, columns=public.names))
     else:  # a lost Silver (cdcflow run refuses it): every replayed key shows as missing
         live = pl.from_arrow(public.empty_table())
     assert isinstance(live, pl.DataFrame)
     result.report = reconcile_table(
-        live, expected, contract, expected_label="replayed", actual_label="live silver"
+        live, expected, contract, expected_label="replayed", actual_label=live_label
     )
     result.report.kind = "replay"
     return result

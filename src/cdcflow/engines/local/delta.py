@@ -202,6 +202,46 @@ def txn_done(table: DeltaTable, app_id: str, version: int) -> bool:
     return current is not None and current >= version
 
 
+def version_after_batch(
+    uri: str, storage_options: dict[str, str] | None, app_id: str, batch_id: int
+) -> int:
+    """The version of a table that micro-batch ``batch_id`` left it at: its last version
+    holding app transaction ``app_id`` at ``batch_id`` or lower (before the next micro-batch's
+    write; maintenance commits in between, such as an optimize or a replay, are included).
+
+    A micro-batch's writes carry the app transaction (``app_id``, ``batch_id``), and its
+    version never decreases along the table's versions, so the version is found by bisection
+    (one log read per probe).
+
+    Args:
+        uri: the table's URI (it exists).
+        storage_options: the object store's options, or None.
+        app_id: the app transaction id of the pipeline's micro-batches.
+        batch_id: the micro-batch.
+
+    Returns:
+        A table version: the latest when no later micro-batch wrote the table; 0 when the
+        first write was a later micro-batch's (the table as created).
+    """
+
+    def txn(version: int | None) -> tuple[int, int]:
+        table = DeltaTable(uri, version=version, storage_options=storage_options or None)
+        done = table.transaction_version(app_id)
+        return table.version(), -1 if done is None else done
+
+    latest, done = txn(None)
+    if done <= batch_id:
+        return latest
+    low, high = -1, latest  # txn(low) <= batch_id < txn(high); txn(-1) stands for "before"
+    while high - low > 1:
+        middle = (low + high) // 2
+        if txn(middle)[1] <= batch_id:
+            low = middle
+        else:
+            high = middle
+    return max(low, 0)
+
+
 #: How many of a table's newest commits :func:`merge_files_rewritten` looks through for the
 #: micro-batch's MERGE (after it only maintenance commits can follow before the batch's audit).
 _MERGE_LOOKBACK = 20

@@ -45,7 +45,12 @@ from deltalake.exceptions import TableNotFoundError
 
 from cdcflow.config import CdcflowConfig
 from cdcflow.engines.local.batch_frame import revalidate_frame
-from cdcflow.engines.local.delta import arrow_dataset, scan_table, txn_done
+from cdcflow.engines.local.delta import (
+    arrow_dataset,
+    scan_table,
+    txn_done,
+    version_after_batch,
+)
 from cdcflow.engines.local.fold import batch_tombstones, fold_events
 from cdcflow.errors import CdcflowError, ConfigError, TableError
 from cdcflow.layers.tables import (
@@ -326,8 +331,10 @@ def _rebuild_shadow(
     return result
 
 
-def _read(config: CdcflowConfig, name: str, columns: list[str]) -> pl.DataFrame:
-    return scan_table(_open(config, name)).select(columns).collect()
+def _read(
+    config: CdcflowConfig, name: str, columns: list[str], version: int | None = None
+) -> pl.DataFrame:
+    return scan_table(_open(config, name, version)).select(columns).collect()
 
 
 def _exists(config: CdcflowConfig, spec: TableSpec) -> bool:
@@ -335,19 +342,25 @@ def _exists(config: CdcflowConfig, spec: TableSpec) -> bool:
     return DeltaTable.is_deltatable(uri, storage_options=config.storage.options or None)
 
 
-def _read_live(config: CdcflowConfig, spec: TableSpec, columns: list[str]) -> pl.DataFrame:
-    """The live table's ``columns``; no rows when the table was lost (:func:`check_tables_kept`:
-    then every replayed key shows as missing)."""
+def _read_live(
+    config: CdcflowConfig, spec: TableSpec, columns: list[str], version: int | None = None
+) -> pl.DataFrame:
+    """The live table's ``columns`` (at ``version``: None = the latest); no rows when the table
+    was lost (:func:`check_tables_kept`: then every replayed key shows as missing)."""
     if _exists(config, spec):
-        return _read(config, spec.name, columns)
+        return _read(config, spec.name, columns, version)
     empty = pl.from_arrow(spec.schema.empty_table())
     assert isinstance(empty, pl.DataFrame)
     return empty.select(columns)
 
 
-def _live_label(config: CdcflowConfig, spec: TableSpec) -> str:
+def _live_label(
+    config: CdcflowConfig, spec: TableSpec, version: int | None = None, batch: int = -1
+) -> str:
     if not _exists(config, spec):
         return f"{spec.name} (missing)"
+    if version is not None:
+        return f"silver v{version} (after micro-batch {batch})"
     return f"silver v{_open(config, spec.name).version()}"
 
 
@@ -355,26 +368,39 @@ def verify(config: CdcflowConfig, result: ReplayResult) -> ReplayResult:
     """Compare the shadow tables with the live ones and store the reports in ``result``.
 
     The shadow (rebuilt from Bronze) is the expected side; the live Silver the actual side.
-    Every Silver column is compared (public columns and ``_cdc_`` sequence registers).
+    Every Silver column is compared (public columns and ``_cdc_`` sequence registers). A
+    shadow rebuilt from an older Bronze version (``--to-version``) is compared with Silver
+    and the tombstones as the last micro-batch in it left them
+    (:func:`~cdcflow.engines.local.delta.version_after_batch`), not with today's tables.
     """
     names = SILVER.schema.names
+    pinned: dict[str, int | None] = {SILVER.name: None, TOMBSTONES.name: None}
+    if result.bronze_version < _open(config, BRONZE.name).version():
+        app_id = f"cdcflow-{config.pipeline.name}"
+        for spec in (SILVER, TOMBSTONES):
+            if _exists(config, spec):
+                uri = config.table_uri(spec.name)
+                pinned[spec.name] = version_after_batch(
+                    uri, config.storage.options, app_id, result.last_batch_id
+                )
     result.silver_report = reconcile_state(
-        actual=_read_live(config, SILVER, names),
+        actual=_read_live(config, SILVER, names, pinned[SILVER.name]),
         expected=_read(config, shadow_name(SILVER), names),
         columns=names[1:],
         kind="replay",
         expected_label=f"replay of bronze v{result.bronze_version}",
-        actual_label=_live_label(config, SILVER),
+        actual_label=_live_label(config, SILVER, pinned[SILVER.name], result.last_batch_id),
     )
     if result.delete_mode == "hard":
         cols = ["customer_id", *_TOMBSTONE_COLUMNS]
         result.tombstone_report = reconcile_state(
-            actual=_read_live(config, TOMBSTONES, cols),
+            actual=_read_live(config, TOMBSTONES, cols, pinned[TOMBSTONES.name]),
             expected=_read(config, shadow_name(TOMBSTONES), cols),
             columns=_TOMBSTONE_COLUMNS,
             kind="replay",
             expected_label="replayed tombstones",
-            actual_label="silver/customer_tombstones",
+            actual_label="silver/customer_tombstones"
+            + ("" if pinned[TOMBSTONES.name] is None else f" v{pinned[TOMBSTONES.name]}"),
         )
     log.info(
         "replay verified",
