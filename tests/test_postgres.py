@@ -182,6 +182,29 @@ def test_workload_streams_in_micro_batches_and_reconciles(pg: PgLake) -> None:
     assert pg.run() == []
 
 
+def test_status_shows_the_slot_lag_and_an_unreachable_database(pg: PgLake) -> None:
+    """``cdcflow status``'s backlog of a PostgreSQL source: the WAL the slot holds beyond its
+    confirmed position, falling once a run commits; a database that cannot be reached is
+    named, and makes ``status --check`` unhealthy (found by a new-user trial: status said
+    nothing about a source that was down)."""
+    from cdcflow.layers.status import pipeline_status
+
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        run_workload(conn, customers=20, transactions=60, seed=3)
+    before = pipeline_status(pg.config).backlog
+    assert before.source_error == "" and before.source_wal_bytes is not None
+    assert before.source_wal_bytes > 0
+    assert pg.run()
+    after = pipeline_status(pg.config).backlog.source_wal_bytes
+    assert after is not None and after < before.source_wal_bytes
+    raw = pg.config.model_dump(mode="json", by_alias=True)
+    raw["source"]["postgres"]["port"] = 9
+    down = pipeline_status(CdcflowConfig.model_validate(raw))
+    assert down.backlog.source_wal_bytes is None
+    assert "cannot connect to PostgreSQL at 127.0.0.1:9" in down.backlog.source_error
+    assert any(p.startswith("source: cannot connect to PostgreSQL") for p in down.problems)
+
+
 def test_the_source_state_on_an_object_store_checkpoint(
     pg: PgLake, request: pytest.FixtureRequest
 ) -> None:

@@ -47,6 +47,7 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
     assert before["backlog"] == {
         "files": 4, "bytes": sum(sizes), "pending_batch": None,
         "source_records": None, "source_error": "",  # a Kafka source's consumer lag only
+        "source_wal_bytes": None,  # a PostgreSQL source's slot lag only
     }  # fmt: skip
 
     run = cdcflow("run", "--config", "cdcflow.yaml", "--trigger", "once", cwd=workdir)
@@ -58,7 +59,7 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
     assert found["running"] is False and found["lock_holder"] == ""
     assert found["backlog"] == {
         "files": 1, "bytes": extra.stat().st_size, "pending_batch": None,
-        "source_records": None, "source_error": "",
+        "source_records": None, "source_error": "", "source_wal_bytes": None,
     }  # fmt: skip
     recent = found["recent"]
     assert recent["batches"] == 1 and recent["records"] == log["records_received"]

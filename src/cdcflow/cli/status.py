@@ -1,8 +1,9 @@
 """``cdcflow status``: is the pipeline running, how far behind is it, what is it rejecting —
 its latest micro-batches, end-to-end lag, backlog, quarantine reasons, declared tables and
 Snowflake syncs, read from the audit tables and the checkpoint (:mod:`cdcflow.layers.status`).
-With ``--check`` it is a health check: exit 1 when the pipeline is stopped or its lag is above
-``--max-lag`` (default: the config's ``status.max_lag``)."""
+With ``--check`` it is a health check: exit 1 when the pipeline is stopped, its Kafka or
+PostgreSQL source cannot be reached, or its lag is above ``--max-lag`` (default: the config's
+``status.max_lag``)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def status(
         bool,
         typer.Option(
             "--check",
-            help="health check: exit 1 when the pipeline is stopped or its lag is above "
-            "--max-lag (the reasons on stderr)",
+            help="health check: exit 1 when the pipeline is stopped, its source cannot be "
+            "reached or its lag is above --max-lag (the reasons on stderr)",
         ),
     ] = False,
 ) -> None:
@@ -170,14 +171,16 @@ def _show_flow(found: Any) -> None:
             if backlog.pending_batch is None
             else f"; micro-batch {backlog.pending_batch} has offsets and no commit marker yet"
         )
-        kafka = ""
+        source = ""
         if backlog.source_records is not None:
-            kafka = f"; Kafka consumer lag: {backlog.source_records} records"
-        elif backlog.source_error:
-            kafka = f"; Kafka consumer lag unknown: {backlog.source_error}"
+            source = f"; Kafka consumer lag: {backlog.source_records} records"
+        elif backlog.source_wal_bytes is not None:
+            source = f"; PostgreSQL slot: {backlog.source_wal_bytes} bytes of WAL not confirmed"
+        elif backlog.source_error:  # the error names the broker or the database
+            source = f"; source lag unknown: {backlog.source_error}"
         console.print(
             f"backlog: {backlog.files} landing file{'s' if backlog.files != 1 else ''} "
-            f"({backlog.bytes} bytes) not taken yet{pending}{kafka}",
+            f"({backlog.bytes} bytes) not taken yet{pending}{source}",
             markup=False,
             highlight=False,
             soft_wrap=True,

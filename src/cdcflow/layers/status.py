@@ -127,7 +127,12 @@ class Backlog:
         source_records: ``source.type: kafka``: the consumer lag — records of the matched
             topics beyond what the pipeline staged, plus those of staged files not committed
             yet (None: another source, or the broker could not be asked: ``source_error``).
-        source_error: why the broker could not be asked (empty: it was, or no broker).
+        source_wal_bytes: ``source.type: postgres``: bytes of WAL the replication slot holds
+            beyond its confirmed position (:meth:`PostgresSource.wal_behind
+            <cdcflow.sources.postgres.PostgresSource.wal_behind>`); None: another source, or
+            the database could not be asked (``source_error``).
+        source_error: why the broker or the database could not be asked (empty: it was, or
+            the source is the landing folder).
     """
 
     files: int
@@ -135,6 +140,7 @@ class Backlog:
     pending_batch: int | None
     source_records: int | None = None
     source_error: str = ""
+    source_wal_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,8 +181,8 @@ class PipelineStatus:
             reason code.
         tables / snowflake: declared tables' totals; Snowflake syncs.
         schema: declared tables' contract versions, declared and recorded.
-        problems: why the pipeline is not healthy (empty: healthy): stopped, or its lag above
-            the threshold asked for.
+        problems: why the pipeline is not healthy (empty: healthy): stopped, its Kafka or
+            PostgreSQL source unreachable, or its lag above the threshold asked for.
     """
 
     pipeline: str
@@ -295,6 +301,17 @@ def _backlog(config: CdcflowConfig) -> Backlog:
         except CdcflowError as exc:  # the broker down: the rest of the status still shows
             return replace(backlog, source_error=str(exc))
         return replace(backlog, source_records=lag)
+    if config.source.type == "postgres":
+        from dataclasses import replace
+
+        from cdcflow.errors import CdcflowError
+        from cdcflow.sources.postgres import PostgresSource
+
+        try:
+            behind = PostgresSource(config).wal_behind()
+        except CdcflowError as exc:  # the database down: the rest of the status still shows
+            return replace(backlog, source_error=str(exc))
+        return replace(backlog, source_wal_bytes=behind)
     return backlog
 
 
@@ -353,8 +370,9 @@ def pipeline_status(
         now: the time the windows end (UTC; default: now).
 
     Returns:
-        The status; ``problems`` lists what is unhealthy (the pipeline is not running, a
-        table's lag is above ``max_lag``).
+        The status; ``problems`` lists what is unhealthy (the pipeline is not running, the
+        Kafka broker or the PostgreSQL database cannot be reached, a table's lag is above
+        ``max_lag``).
     """
     from pathlib import Path
 
@@ -371,6 +389,8 @@ def pipeline_status(
     if not status.running:
         status.problems.append("stopped: no run holds the checkpoint's lock")
     status.backlog = _backlog(config)
+    if status.backlog.source_error:  # no micro-batch can take new changes
+        status.problems.append(f"source: {status.backlog.source_error}")
     status.quarantine = _quarantine(config, now - QUARANTINE_WINDOW)
     batches = read_table(config, "audit/batch_log")
     if batches is not None and "kind" in batches.columns:  # micro-batches, not replays

@@ -374,6 +374,29 @@ class PostgresSource:
         payload = {"slot": self.settings.slot_name, "staged": [f.to_json() for f in staged]}
         self.state.replace(STATE_FILE, json.dumps(payload, indent=1).encode("utf-8"))
 
+    def wal_behind(self) -> int:
+        """Bytes of WAL the replication slot holds that the pipeline has not confirmed: from
+        its ``confirmed_flush_lsn`` to the server's current WAL position (the usual slot lag,
+        ``pg_wal_lsn_diff``; PostgreSQL docs, "pg_replication_slots"). Every change not yet
+        committed to Silver is in it, and so is other WAL of the server written since.
+
+        Raises:
+            PostgresSourceError: the database cannot be reached, or the slot does not exist.
+            MissingDependencyError: psycopg is not installed.
+        """
+        with connection(self.settings) as conn:
+            row = conn.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+                "FROM pg_replication_slots WHERE slot_name = %s",
+                (self.settings.slot_name,),
+            ).fetchone()
+        if row is None or row[0] is None:
+            raise PostgresSourceError(
+                f"replication slot {self.settings.slot_name!r} does not exist (a first run "
+                "creates it)"
+            )
+        return max(0, int(row[0]))
+
     # -- pipeline hooks ---------------------------------------------------------------------
     def stage(self, checkpoint: Checkpoint) -> StagedFile | None:
         """Stage the next changes of the slot as one landing file, if there is nothing pending.
