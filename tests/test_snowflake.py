@@ -324,6 +324,46 @@ def test_cli_sync_verify(sf_lake: Lake, tmp_path: Path) -> None:
     assert "DIFFERENT" in result.output
 
 
+def test_continuous_sync_prints_a_table_only_when_something_changed(
+    sf_lake: Lake, tmp_path: Path
+) -> None:
+    """``sync snowflake --continuous`` prints its table after the first sync and after each
+    sync that changed something; a quiet round prints nothing (a new-user trial saw the same
+    table every 10 s). SIGINT stops it cleanly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    first_batch(sf_lake)
+    config = standalone_config(sf_lake, tmp_path)
+    out = tmp_path / "sync.out"
+    command = [sys.executable, "-m", "cdcflow", "sync", "snowflake", "--config", str(config),
+               "--continuous", "--interval", "100ms"]  # fmt: skip
+    tables = lambda: out.read_text().count("Snowflake sync (")  # noqa: E731
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 120
+        while tables() < count:
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(command, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(1)
+            time.sleep(3)  # about twenty quiet rounds
+            assert tables() == 1, out.read_text()
+            second_batch(sf_lake)  # a micro-batch: the next round changes Snowflake
+            wait_for(2)
+            time.sleep(3)
+            assert tables() == 2, out.read_text()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+    assert code == 0, out.read_text()
+
+
 def test_credentials_only_from_env_and_secret_files(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa

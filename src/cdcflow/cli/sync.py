@@ -71,7 +71,12 @@ def snowflake(
     config: ConfigOption,
     full: Annotated[bool, typer.Option("--full", help="Full refresh (bootstrap, repair).")] = False,
     continuous: Annotated[
-        bool, typer.Option("--continuous", help="Keep syncing until SIGINT/SIGTERM.")
+        bool,
+        typer.Option(
+            "--continuous",
+            help="Keep syncing until SIGINT/SIGTERM (the table printed after the first sync "
+            "and after each one that changed something).",
+        ),
     ] = False,
     interval: Annotated[str, typer.Option(help="Pause between continuous syncs.")] = "10s",
     verify: Annotated[
@@ -97,6 +102,8 @@ def snowflake(
 
     writer = sync_file_writer(cfg)  # pipeline.engine: spark: the rows written by Spark
 
+    rounds = [0]  # syncs done
+
     def once(refresh: bool) -> None:
         def work() -> SyncReport:
             report = sync_snowflake(cfg, full=refresh, writer=writer)
@@ -107,7 +114,10 @@ def snowflake(
             # continuous: off the main thread, where the connector's own SIGINT handler
             # (cancel the query, KeyboardInterrupt) would break the clean stop
             report = off_main_thread(work) if continuous else work()
-        console.print(sync_table(report))
+        rounds[0] += 1
+        moved = any(t.staged or t.inserted or t.updated or t.deleted for t in report.tables)
+        if rounds[0] == 1 or moved:  # continuous: a quiet round (nothing new) prints nothing
+            console.print(sync_table(report))
 
     def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
