@@ -278,6 +278,39 @@ def test_logs_go_to_a_redirected_stderr_while_stdout_is_a_terminal(
     assert '"levelname"' not in shown and "ev/s" in shown  # the results, no log line
 
 
+def test_ctrl_c_of_a_continuous_run_is_acknowledged_and_the_batch_finishes(
+    landed: Path, tmp_path: Path
+) -> None:
+    """SIGINT to ``run --trigger processing-time=…``: one line says the stop was heard (a
+    new-user trial pressed Ctrl-C and saw nothing until the batch ended), the run exits 0 after
+    committing what it took, and a next run takes the rest."""
+    import signal
+    import time
+
+    work = _fresh(landed, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    out = work / "run.out"
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cdcflow", "run", "--config", "cdcflow.yaml", "--trigger",
+             "processing-time=30s"],
+            cwd=work, env=env, stdout=stdout, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while "batch 0:" not in out.read_text():  # the first micro-batch committed
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, out.read_text()
+    lines = out.read_text().splitlines()
+    assert lines == [
+        lines[0],
+        "stop requested: the run stops once the micro-batch in progress, if any, is committed",
+    ] and lines[0].startswith("batch 0: 3 files")
+    rest = cdcflow("run", "--config", "cdcflow.yaml", cwd=work)
+    assert rest.returncode == 0 and len(_table_rows(rest.stdout)) == 1, rest.stdout
+
+
 def test_an_unexpected_library_error_is_one_line_without_its_backtrace(tmp_path: Path) -> None:
     """A Delta log that delta-rs cannot parse (a corrupt commit file): one line, the library's
     message without the Rust backtrace it appends (``0: <unknown>`` frames), exit 1."""

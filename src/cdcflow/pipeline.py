@@ -90,6 +90,8 @@ class Pipeline:
         self.source = make_source(config)  # None for plain landing files
         self._stop = threading.Event()
         self._on_recover: Callable[[int], None] | None = None
+        self._on_start: Callable[[BatchOffsets], None] | None = None
+        self._on_stop: Callable[[], None] | None = None
         self.lineage = None  # OpenLineage run events per micro-batch (config ``lineage``)
         if config.lineage.transport != "none":
             from cdcflow.layers.lineage import LineageEmitter
@@ -98,6 +100,8 @@ class Pipeline:
 
     def stop(self) -> None:
         """Ask a continuous run to stop after the current micro-batch."""
+        if not self._stop.is_set() and self._on_stop is not None:
+            self._on_stop()
         self._stop.set()
 
     def _next_offsets(self, max_files: int | None) -> BatchOffsets | None:
@@ -153,6 +157,8 @@ class Pipeline:
             self._on_recover(pending.batch_id)
 
     def _run_one(self, offsets: BatchOffsets) -> BatchReport:
+        if self._on_start is not None:
+            self._on_start(offsets)
         if self.lineage is None:
             return self._run_and_commit(offsets)
         self.lineage.start(offsets.batch_id, offsets.processing_time)
@@ -186,6 +192,8 @@ class Pipeline:
         trigger: Trigger,
         on_batch: Callable[[BatchReport], None] | None = None,
         on_recover: Callable[[int], None] | None = None,
+        on_start: Callable[[BatchOffsets], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> list[BatchReport]:
         """Run micro-batches according to the trigger.
 
@@ -194,6 +202,10 @@ class Pipeline:
             on_batch: called with each batch report as soon as the batch is committed.
             on_recover: called with the batch id before a micro-batch left uncommitted by an
                 interrupted run is re-run (local engine; Spark recovers from its own checkpoint).
+            on_start: called with a micro-batch's offsets (its id and files) when it starts
+                (local engine: Spark plans its micro-batches itself).
+            on_stop: called when SIGINT/SIGTERM asks a ``processing-time`` run to stop (the
+                micro-batch in progress finishes first).
 
         Returns:
             The reports of the batches run, in order.
@@ -202,6 +214,7 @@ class Pipeline:
             CheckpointError: another run holds the checkpoint lock, or it is unreadable.
         """
         try:
+            self._on_start, self._on_stop = on_start, on_stop
             return self._run(trigger, on_batch, on_recover)
         finally:
             if self.lineage is not None:  # the run's last events, at most lineage.timeout_s

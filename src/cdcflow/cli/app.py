@@ -253,6 +253,7 @@ def run(
     from cdcflow.cli.progress import working
     from cdcflow.cli.render import RunTotals, batch_line, batch_table
     from cdcflow.pipeline import Pipeline, Trigger
+    from cdcflow.state.checkpoint import BatchOffsets
 
     parsed = Trigger.parse(trigger)
     settings = load(config, declared_tables=True)
@@ -280,7 +281,7 @@ def run(
             if metrics is not None:
                 metrics.observe(report)
             totals.add(report)
-            work.update(completed=totals.batches, detail=totals.detail())
+            work.update(completed=totals.batches, detail=totals.detail(), label=label)
             if continuous:
                 work.step(batch_line(report))
 
@@ -290,7 +291,19 @@ def run(
                 " it; re-running it with its recorded files"
             )
 
-        reports = pipeline.run(parsed, on_batch=show, on_recover=recovering)
+        def starting(offsets: BatchOffsets) -> None:
+            files = len(offsets.files)
+            work.update(label=f"micro-batch {offsets.batch_id}: {files} file{'s'[: files != 1]}")
+
+        def stopping() -> None:
+            work.step(
+                "stop requested: the run stops once the micro-batch in progress, if any, is "
+                "committed"
+            )
+
+        reports = pipeline.run(
+            parsed, on_batch=show, on_recover=recovering, on_start=starting, on_stop=stopping
+        )
     # declared tables: the contract changes this run applied and recorded (audit/schema_log)
     for line in getattr(pipeline.engine, "schema_changes", []):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
