@@ -54,19 +54,18 @@ def test_generate_then_run_once_and_available_now(workdir: Path) -> None:
     assert '"micro-batch committed"' in once.stderr  # JSON log line
     for pii in ("@example.com", "Sharma"):
         assert pii not in once.stderr and pii not in once.stdout
+    # a second workload into the same folder is refused: it would overwrite files already
+    # taken and reuse event ids
+    refused = cdcflow("generate", "--out", "landing", "--events", "400", cwd=workdir)
+    assert refused.returncode == 2 and "already holds 5 landing file(s)" in refused.stderr
+    assert len(list((workdir / "landing").glob("*.jsonl"))) == 5
     more = cdcflow(
-        "generate",
-        "--out",
-        "landing",
-        "--events",
-        "400",
-        "--files",
-        "7",
-        "--seed",
-        "7",
+        "generate", "--out", "more", "--events", "400", "--files", "7", "--seed", "7",
         cwd=workdir,
-    )
+    )  # fmt: skip
     assert more.returncode == 0
+    for path in sorted((workdir / "more").glob("*.jsonl")):  # new files, after the others
+        path.rename(workdir / "landing" / f"later-{path.name}")
     now = cdcflow("run", "--config", "cdcflow.yaml", "--trigger", "available-now", cwd=workdir)
     assert now.returncode == 0, now.stderr
     log = pl.read_delta(str(workdir / "lakehouse" / "audit" / "batch_log")).sort("batch_id")

@@ -327,6 +327,13 @@ def generate(
     if resume:
         raise UsageError("--continue: only with --config declaring tables")
     out = out or Path("./landing")
+    earlier = sorted(out.glob("events-*.jsonl*")) if out.is_dir() else []
+    if earlier:  # the generator would overwrite some of them and leave the rest
+        raise UsageError(
+            f"generate: {out} already holds {len(earlier)} landing file(s) of an earlier "
+            "workload; a new one would overwrite some of them and reuse its event ids and LSNs "
+            "(quarantined as DUPLICATE_EVENT_CONFLICT): use an empty folder and a new lakehouse"
+        )
     from cdcflow.generator import GeneratorConfig
     from cdcflow.generator import generate as write_events
 
