@@ -111,6 +111,22 @@ def test_unknown_keys_suggest_the_closest(tmp_path: Path, text: str, hint: str) 
         assert "did you mean" not in str(info.value)
 
 
+def test_an_error_is_said_once_not_with_what_follows_from_it(tmp_path: Path) -> None:
+    """A column type that is refused empties the table's ``columns``; only the column's error is
+    shown, not the "at least 1 item" of its table that follows from it."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "tables:\n  - name: t\n    keys: [id]\n    columns: [{name: id, type: integr}]\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message == (
+        f"{path}: key 'tables[t].columns[id].type': unknown column type 'integr' (one of "
+        "string, integer, double, boolean, date, timestamp, json or decimal(p,s))"
+    )
+
+
 def test_env_typos_suggest_the_closest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "c.yaml"
     file.write_text("{}\n")

@@ -658,7 +658,14 @@ def load_config(path: str | Path) -> CdcflowConfig:
         return config
     except ValidationError as exc:
         problems = []
-        for err in exc.errors():
+        errors = exc.errors()
+        # an error of a key holding another error's key follows from it (a column whose type
+        # is refused leaves `columns` empty: "at least 1 item"); the inner one says what to fix
+        inner = [tuple(e["loc"]) for e in errors]
+        for err in errors:
+            here = tuple(err["loc"])
+            if any(len(other) > len(here) and other[: len(here)] == here for other in inner):
+                continue
             loc = tuple(str(p).lower() for p in err["loc"])
             key = _key_text(err["loc"], raw)
             msg = err["msg"].removeprefix("Value error, ")
