@@ -107,3 +107,58 @@ def test_cli_as_of(lake: Lake, tmp_path: Path) -> None:
 
     result = runner.invoke(app, ["as-of", "-c", str(config)])  # neither --timestamp nor --version
     assert result.exit_code != 0 and isinstance(result.exception, CdcflowError)
+
+
+def test_a_declared_key_is_found_in_any_form_a_record_gives_it(tmp_path: Path) -> None:
+    """``as-of --key``: a date key as ISO text or as epoch days, a timestamp key as ISO text or
+    epoch milliseconds — the forms a record's key may take (found by an attack: only the text
+    forms were accepted)."""
+    from cdcflow.config import load_config
+    from cdcflow.pipeline import Pipeline, Trigger
+
+    table = {
+        "name": "rates",
+        "keys": ["day", "at"],
+        "columns": [
+            {"name": "day", "type": "date"},
+            {"name": "at", "type": "timestamp"},
+            {"name": "rate", "type": "integer"},
+        ],
+    }
+    raw = {
+        "storage": {"root": str(tmp_path / "lake")},
+        "source": {"path": str(tmp_path / "landing")},
+        "checkpoint": {"location": str(tmp_path / "lake" / "_checkpoints" / "rates")},
+        "tables": [table],
+    }
+    config = tmp_path / "cdcflow.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    (tmp_path / "landing").mkdir()
+    record = {
+        "event_id": "r1",
+        "operation": "INSERT",
+        "event_timestamp": (NOW - timedelta(minutes=5)).isoformat(),
+        "metadata": {"lsn": 1, "source_table": "rates"},
+        "day": 19000,  # epoch days: 2022-01-08
+        "at": 1_641_600_000_000,  # epoch milliseconds: 2022-01-08T00:00:00Z
+        "rate": 7,
+    }
+    (tmp_path / "landing" / "0001.jsonl").write_text(json.dumps(record) + "\n")
+    assert len(Pipeline(load_config(config)).run(Trigger.parse("available-now"))) == 1
+    runner = CliRunner()
+    for day, at in (
+        ("19000", "1641600000000"),
+        ("2022-01-08", "2022-01-08T00:00:00Z"),
+        ("2022-01-08", "1641600000000"),
+    ):
+        result = runner.invoke(
+            app,
+            ["as-of", "-c", str(config), "--version", "1", "--table", "rates", "--key",
+             f"day={day}", "--key", f"at={at}", "--output", "json"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert [r["rate"] for r in json.loads(result.output)] == [7], (day, at)
+    wrong = runner.invoke(
+        app, ["as-of", "-c", str(config), "--version", "1", "--table", "rates", "--key", "day=x"]
+    )
+    assert wrong.exit_code != 0 and "day is not a value of type date" in str(wrong.exception)

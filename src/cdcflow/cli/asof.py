@@ -48,6 +48,9 @@ def table_columns(columns: list[str]) -> list[str]:
 def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
     """``COLUMN=VALUE`` pairs → the typed key values of ``contract`` (a subset of its keys).
 
+    A value is read as text first, then as the JSON value a record may carry instead (a date
+    key as epoch days, a timestamp key as epoch milliseconds): any form a record's key takes.
+
     Raises:
         UsageError: not COLUMN=VALUE, not a key column, or a value not of its type.
     """
@@ -64,7 +67,12 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
         spec = contract.column(column.strip())
         try:
             out[spec.name] = coerce(value.strip(), spec.type)
+            continue
         except TypeMismatch:
+            pass
+        try:  # the value as a record carries it: a number (epoch days or milliseconds)
+            out[spec.name] = coerce(json.loads(value), spec.type)
+        except (ValueError, TypeMismatch):
             raise UsageError(f"--key: {spec.name} is not a value of type {spec.type}") from None
     return out
 
