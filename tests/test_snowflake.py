@@ -354,10 +354,13 @@ def test_continuous_sync_prints_a_table_only_when_something_changed(
             wait_for(1)
             time.sleep(3)  # about twenty quiet rounds
             assert tables() == 1, out.read_text()
-            second_batch(sf_lake)  # a micro-batch: the next round changes Snowflake
+            second_batch(sf_lake)  # a micro-batch: the next round(s) change Snowflake
             wait_for(2)
-            time.sleep(3)
-            assert tables() == 2, out.read_text()
+            time.sleep(2)  # a round may have taken Silver's commit, the next one Gold's
+            changed = tables()
+            assert changed in (2, 3), out.read_text()
+            time.sleep(3)  # quiet again
+            assert tables() == changed, out.read_text()
         finally:
             proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=120)
