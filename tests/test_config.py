@@ -60,6 +60,12 @@ def test_env_override_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         ("storage: {root: '${NOT_SET_ANYWHERE}'}\n", "NOT_SET_ANYWHERE"),
         ("- a list\n", "mapping"),
         ("spark: {codegen_min_bytes: -1}\n", "spark.codegen_min_bytes"),
+        # a negative duration turned hard deletes around (a trial: -5d dropped the tombstones
+        # at once, and a late event brought a deleted row back)
+        ("processing: {tombstone_retention: -5d}\n", "processing.tombstone_retention"),
+        ("processing: {tombstone_retention: -P1D}\n", "processing.tombstone_retention"),
+        ("processing: {max_clock_skew: -300}\n", "processing.max_clock_skew"),
+        ("processing: {max_clock_skew: .nan}\n", "processing.max_clock_skew"),
     ],
 )
 def test_errors_name_key_and_file(tmp_path: Path, text: str, fragment: str) -> None:

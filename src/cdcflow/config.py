@@ -46,11 +46,20 @@ def parse_duration(value: object) -> timedelta:
     Raises:
         ValueError: the text is not a non-negative duration.
     """
+    parsed = _duration(value)
+    if parsed < timedelta(0):  # a negative retention or skew would turn the rules around
+        raise ValueError(f"a duration cannot be negative: {value!r}")
+    return parsed
+
+
+def _duration(value: object) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
+        if value != value or value in (float("inf"), float("-inf")):  # NaN, infinite
+            raise ValueError(f"not a duration: {value!r}")
         return timedelta(seconds=float(value))
     match = _DURATION.match(str(value))
     if not match:
