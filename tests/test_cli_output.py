@@ -198,6 +198,7 @@ def test_usage_errors_say_what_to_do(tmp_path: Path) -> None:
         ("run", "--confg", "cdcflow.yaml"): "--config",
         ("run", "--debug", "--config", "cdcflow.yaml"): "put it before the command",
         ("sync", "snowflake", "--log-format", "json"): "(cdcflow --log-format ... sync snowflake",
+        ("replay", "--config", "cdcflow.yaml", "--verify", "--apply"): "give one of --verify",
     }
     for args, expected in cases.items():
         result = cdcflow(*args, cwd=tmp_path)

@@ -153,6 +153,11 @@ def replay(
 
     if output not in ("text", "json"):
         raise UsageError(f"--output: expected text or json, got {output!r}")
+    if verify and apply:  # the usage line offers one or the other
+        raise UsageError(
+            "replay: give one of --verify (compare) or --apply (replace Silver): run --verify "
+            "first, then --apply"
+        )
     cfg = load(config, declared_tables=True)
     if cfg.tables:
         _replay_declared(cfg, verify, apply, to_version, output)
