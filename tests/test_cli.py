@@ -107,7 +107,7 @@ def test_processing_time_stops_cleanly_on_sigterm(workdir: Path) -> None:
     assert proc.returncode == 0, err
     assert "stop requested" in err
     assert out.startswith("batch 0: 2 files, ")  # one line per micro-batch as it commits
-    assert "events/s" in out.splitlines()[0]
+    assert "records/s" in out.splitlines()[0]
 
 
 def test_errors_are_one_line_with_nonzero_exit(workdir: Path) -> None:

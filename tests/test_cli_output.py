@@ -90,7 +90,7 @@ def test_run_prints_each_batch_once_on_stdout_and_logs_only_when_asked(
     code, out, err = cdcflow_on_terminal("run", "--config", "cdcflow.yaml", cwd=work)
     assert code == 0, err
     assert err == ""  # a person at a terminal: the table is the result, no JSON echo of it
-    assert len(_table_rows(out)) == 2 and "ev/s" in out
+    assert len(_table_rows(out)) == 2 and "rec/s" in out
     assert "\x1b" not in out  # stdout is a pipe: nothing animated
 
     again = cdcflow("--log-format", "json", "run", "--config", "cdcflow.yaml", cwd=work)
@@ -276,7 +276,7 @@ def test_logs_go_to_a_redirected_stderr_while_stdout_is_a_terminal(
     committed = [r["batch"]["batch_id"] for r in records if r["message"] == "micro-batch committed"]
     assert committed == [0, 1]
     shown = b"".join(screen).decode()
-    assert '"levelname"' not in shown and "ev/s" in shown  # the results, no log line
+    assert '"levelname"' not in shown and "rec/s" in shown  # the results, no log line
 
 
 def test_ctrl_c_of_a_continuous_run_is_acknowledged_and_the_batch_finishes(

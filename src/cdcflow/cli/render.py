@@ -24,14 +24,14 @@ _COLUMNS = (
     ("tomb", "tombstoned"),
     ("late", "late_events"),
     ("ms", "duration_ms"),
-    ("ev/s", None),
+    ("rec/s", None),
     ("silver v", "silver_version"),
 )
 
 
-def events_per_second(records: int, duration_ms: int) -> int:
+def records_per_second(records: int, duration_ms: int) -> int:
     """Records per second of wall time (0 when no time was measured)."""
-    return int(records * 1000 / duration_ms) if duration_ms > 0 else 0
+    return round(records * 1000 / duration_ms) if duration_ms > 0 else 0
 
 
 def _cell(value: object) -> str:
@@ -50,7 +50,7 @@ def batch_table(reports: Sequence[BatchReport], title: str | None = "micro-batch
             *(
                 _cell(getattr(report, attr))
                 if attr
-                else f"{events_per_second(report.records_received, report.duration_ms):,}"
+                else f"{records_per_second(report.records_received, report.duration_ms):,}"
                 for _, attr in _COLUMNS
             )
         )
@@ -58,12 +58,12 @@ def batch_table(reports: Sequence[BatchReport], title: str | None = "micro-batch
 
 
 def batch_line(report: BatchReport) -> str:
-    """One line summarising a committed micro-batch (files, records, outcome, events/s)."""
-    rate = events_per_second(report.records_received, report.duration_ms)
+    """One line summarising a committed micro-batch (files, records, outcome, records/s)."""
+    rate = records_per_second(report.records_received, report.duration_ms)
     return (
         f"batch {report.batch_id}: {report.files} files, {report.records_received:,} records"
         f" ({report.accepted:,} accepted, {report.quarantined:,} quarantined,"
-        f" {report.duplicates:,} duplicates), {rate:,} events/s, {report.duration_ms:,} ms"
+        f" {report.duplicates:,} duplicates), {rate:,} records/s, {report.duration_ms:,} ms"
         + ("" if report.silver_version is None else f", silver v{report.silver_version}")
     )
 
@@ -85,6 +85,6 @@ class RunTotals:
         self.duration_ms += report.duration_ms
 
     def detail(self) -> str:
-        """``N files, N records, N events/s`` so far."""
-        rate = events_per_second(self.records, self.duration_ms)
-        return f"{self.files:,} files, {self.records:,} records, {rate:,} events/s"
+        """``N files, N records, N records/s`` so far."""
+        rate = records_per_second(self.records, self.duration_ms)
+        return f"{self.files:,} files, {self.records:,} records, {rate:,} records/s"
