@@ -336,8 +336,9 @@ def test_an_unexpected_library_error_is_one_line_without_its_backtrace(tmp_path:
 
 
 def test_commands_that_read_the_lakehouse_name_a_missing_one(tmp_path: Path) -> None:
-    """Before the first run (or with storage.root naming another folder) reconcile and gold say
-    which table is missing under which root, in one line (exit 2), and create nothing."""
+    """Before the first run (or with storage.root naming another folder) the commands reading
+    the lakehouse say which table is missing under which root, in one line (exit 2), and
+    create nothing; replay names a Bronze version it does not have."""
     (tmp_path / "cdcflow.yaml").write_text(CONFIG)
     gen = cdcflow("generate", "--out", "landing", "--events", "20", "--files", "1",
                   "--expected", "expected.parquet", cwd=tmp_path)  # fmt: skip
@@ -345,9 +346,21 @@ def test_commands_that_read_the_lakehouse_name_a_missing_one(tmp_path: Path) -> 
     for args, table in (
         (("reconcile", "--expected", "expected.parquet"), "silver/customers"),
         (("gold",), "silver/customer_history"),
+        # the same for every command reading the lakehouse (a trial found exit 1 and a
+        # library's message for these three)
+        (("as-of", "--version", "0"), "silver/customers"),
+        (("as-of", "--timestamp", "2026-01-01T00:00:00Z"), "silver/customer_history"),
+        (("replay", "--verify"), "bronze/customer_events"),
+        (("sync", "snowflake"), "silver/customers"),
     ):
         result = cdcflow(*args, "--config", "cdcflow.yaml", cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         line = one_error_line(result)
         assert table in line and "storage.root" in line and "run the pipeline first" in line
     assert not (tmp_path / "lakehouse").exists()
+    assert cdcflow("run", "--config", "cdcflow.yaml", cwd=tmp_path).returncode == 0
+    beyond = cdcflow("replay", "--config", "cdcflow.yaml", "--to-version", "999", cwd=tmp_path)
+    assert beyond.returncode == 2
+    assert "--to-version 999: bronze/customer_events has no such version (the latest is 1)" in (
+        one_error_line(beyond)
+    )

@@ -87,7 +87,7 @@ def _declared_as_of(
     output: str,
 ) -> None:
     """``as-of`` for a declared table: its history or its Silver at a version."""
-    from cdcflow.cli.app import console
+    from cdcflow.cli.app import console, existing_table
     from cdcflow.cli.tables import jsonable, print_rows
     from cdcflow.layers.asof import table_at_version, table_state_as_of
     from cdcflow.layers.contract_replay import held_contracts
@@ -98,10 +98,15 @@ def _declared_as_of(
         raise UsageError("--customer: the config declares tables; use --table and --key")
     if table is None and len(contracts) == 1:
         table = next(iter(contracts))
+    if table is None:
+        raise UsageError(f"as-of: the config declares several tables: add --table (one of "
+                         f"{', '.join(contracts)})")  # fmt: skip
     if table not in contracts:
         raise UsageError(f"--table: expected one of {', '.join(contracts)}, got {table!r}")
     contract = contracts[table]
     key = parse_key(contract, pairs)
+    names = contract.table_names
+    existing_table(cfg, names.history if timestamp is not None else names.silver, "as-of")
     if timestamp is not None:
         try:
             instant = datetime.fromisoformat(timestamp.strip())
@@ -159,7 +164,7 @@ def as_of(
     and columns (timestamps in ISO-8601). With a config that declares tables: --table T (and
     --key COLUMN=VALUE for each key column to pick one row).
     """
-    from cdcflow.cli.app import console, load
+    from cdcflow.cli.app import console, existing_table, load
     from cdcflow.cli.tables import OUTPUTS, jsonable, print_rows
     from cdcflow.layers.asof import customer_state_as_of, silver_at_version
 
@@ -173,6 +178,8 @@ def as_of(
         return
     if table is not None or key:
         raise UsageError("--table / --key: for a config that declares tables (tables:)")
+    read = "silver/customer_history" if timestamp is not None else "silver/customers"
+    existing_table(cfg, read, "as-of")
     if timestamp is not None:
         try:
             instant = datetime.fromisoformat(timestamp.strip())

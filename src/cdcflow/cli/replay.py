@@ -127,6 +127,25 @@ def _replay_declared(
         raise typer.Exit(1)
 
 
+def _check_bronze(cfg: CdcflowConfig, to_version: int | None) -> None:
+    """Each Bronze table a replay reads exists, and holds ``to_version``.
+
+    Raises:
+        UsageError: no such table yet (the pipeline has not run), or no such version.
+    """
+    from cdcflow.cli.app import existing_table
+    from cdcflow.layers.contract_replay import held_contracts
+    from cdcflow.layers.tables import BRONZE
+
+    names = [c.table_names.bronze for c in held_contracts(cfg)] if cfg.tables else [BRONZE.name]
+    for name in names:
+        latest = existing_table(cfg, name, "replay").version()
+        if to_version is not None and to_version > latest:
+            raise UsageError(
+                f"--to-version {to_version}: {name} has no such version (the latest is {latest})"
+            )
+
+
 def replay(
     config: ConfigOption,
     verify: Annotated[
@@ -159,6 +178,7 @@ def replay(
             "first, then --apply"
         )
     cfg = load(config, declared_tables=True)
+    _check_bronze(cfg, to_version)
     if cfg.tables:
         _replay_declared(cfg, verify, apply, to_version, output)
         return

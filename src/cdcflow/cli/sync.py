@@ -97,6 +97,12 @@ def snowflake(
     except ValueError as exc:
         raise ConfigError(f"--interval: {exc}") from None
     cfg = load(config, declared_tables=True)
+    from cdcflow.cli.app import existing_table
+    from cdcflow.layers.contract_replay import held_contracts
+
+    silvers = [c.table_names.silver for c in held_contracts(cfg)] if cfg.tables else []
+    for name in silvers or ["silver/customers"]:  # what a sync reads
+        existing_table(cfg, name, "sync snowflake")
     stop = threading.Event()
     from cdcflow.engines import sync_file_writer
 
