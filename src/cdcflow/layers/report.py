@@ -70,6 +70,8 @@ def _figures(config: CdcflowConfig) -> dict[str, Any]:
 
     figures: dict[str, Any] = {}
     log = _read(config, "audit/batch_log")
+    if "kind" in log.columns:  # micro-batches only: a replay's row is not one
+        log = log.filter(pl.col("kind").fill_null("stream") == "stream")
     if log.height:
         log = log.sort("batch_id")
         batch = log["batch_id"].to_list()
