@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 
 import polars as pl
@@ -14,6 +15,7 @@ from cdcflow.cli.app import app
 from cdcflow.generator import GeneratorConfig, expected_outcome, generate
 from cdcflow.plan.reference import SILVER_COLUMNS
 from cdcflow.reconcile import (
+    ReconcileError,
     frame_from_reference,
     read_state_file,
     reconcile_snapshot,
@@ -151,3 +153,30 @@ def test_usage_errors(streamed, tmp_path: Path) -> None:
     )
     assert missing.exit_code != 0
     assert "file not found" in str(missing.exception)
+
+
+def test_an_expected_state_of_text_dates_is_read_or_named() -> None:
+    """A declared table's expected state written from CSV (dates as text): ISO dates are read
+    as dates; a value that is not one is a one-line error naming the file and the column,
+    never the value (a trial got Polars' own "casting from string to date" error)."""
+    from cdcflow.model.contracts import ColumnSpec, TableContract
+    from cdcflow.reconcile import reconcile_table
+
+    contract = TableContract(
+        name="p",
+        keys=("id",),
+        columns=(ColumnSpec(name="id", type="integer"), ColumnSpec(name="launched", type="date")),
+    )
+    actual = pl.DataFrame({"id": [1, 2], "launched": [date(2024, 1, 2), date(2024, 3, 4)]})
+    same = pl.DataFrame({"id": [1, 2], "launched": ["2024-01-02", "2024-03-04"]})
+    assert reconcile_table(actual, same, contract, expected_label="exp/p.parquet").ok
+    moved = pl.DataFrame({"id": [1, 2], "launched": ["2024-01-02", "2024-03-05"]})
+    report = reconcile_table(actual, moved, contract, expected_label="exp/p.parquet")
+    assert not report.ok and report.field_differences == {"launched": 1}
+    wrong = pl.DataFrame({"id": [1, 2], "launched": ["2024-01-02", "Jan 3"]})
+    with pytest.raises(ReconcileError) as caught:
+        reconcile_table(actual, wrong, contract, expected_label="exp/p.parquet")
+    assert str(caught.value) == (
+        "exp/p.parquet: column 'launched' is String and does not convert to the table's type "
+        "Date (write it as that type)"
+    )

@@ -97,6 +97,8 @@ def _cast_column(frame: pl.DataFrame, name: str, target: pl.DataType | None) -> 
         return col
     if isinstance(target, pl.Datetime) and frame.schema[name] == pl.String:
         return col.str.to_datetime(time_zone="UTC", time_unit="us", strict=True).alias(name)
+    if target == pl.Date and frame.schema[name] == pl.String:
+        return col.str.to_date(format="%Y-%m-%d", strict=True).alias(name)
     if target == pl.Boolean and frame.schema[name] == pl.String:
         return col.str.to_lowercase().replace_strict({"true": True, "false": False}).alias(name)
     if isinstance(target, pl.Datetime):
@@ -475,7 +477,7 @@ def reconcile_table(
 
     Raises:
         ReconcileError: a key column is missing on either side, or a compared column on the
-            actual side.
+            actual side, or an expected column does not convert to the actual one's type.
     """
     keys = list(contract.keys)
     for label, frame in ((expected_label, expected), (actual_label, actual)):
@@ -487,13 +489,16 @@ def reconcile_table(
     absent = [c for c in columns if c not in actual.columns]
     if absent:
         raise ReconcileError(f"{actual_label}: missing column(s) {absent}")
-    expected = expected.with_columns(
-        [
-            pl.col(c).cast(actual.schema[c])
-            for c in columns
-            if expected.schema[c] != actual.schema[c]
-        ]
-    )
+    for c in columns:
+        if expected.schema[c] == actual.schema[c]:
+            continue
+        try:
+            expected = expected.with_columns(_cast_column(expected, c, actual.schema[c]))
+        except pl.exceptions.PolarsError:  # never the value: it may be personal data
+            raise ReconcileError(
+                f"{expected_label}: column '{c}' is {expected.schema[c]} and does not convert "
+                f"to the table's type {actual.schema[c]} (write it as that type)"
+            ) from None
     text = pl.concat_str([pl.col(k).cast(pl.String) for k in keys], separator="|").alias(KEY_TEXT)
     report = ReconcileReport(
         kind="expected",
