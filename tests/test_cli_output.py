@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+import polars as pl
 import pytest
 from rich.console import Console
 
@@ -310,6 +311,43 @@ def test_ctrl_c_of_a_continuous_run_is_acknowledged_and_the_batch_finishes(
     ] and lines[0].startswith("batch 0: 3 files")
     rest = cdcflow("run", "--config", "cdcflow.yaml", cwd=work)
     assert rest.returncode == 0 and len(_table_rows(rest.stdout)) == 1, rest.stdout
+
+
+def test_ctrl_c_while_loading_or_running_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) while the command is still importing its libraries, and during an
+    ``available-now`` run: ``error: aborted`` and exit 130, no traceback (a new-user trial saw a
+    traceback of the imports, and nothing at all during a run); the next run finishes the
+    interrupted micro-batch."""
+    import signal
+    import time
+
+    (tmp_path / "cdcflow.yaml").write_text(CONFIG)
+    gen = cdcflow("generate", "--out", "landing", "--events", "6000", "--files", "21",
+                  cwd=tmp_path)  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
+    command = [sys.executable, "-m", "cdcflow", "--log-format", "none", "run", "--config",
+               "cdcflow.yaml"]  # fmt: skip
+    loading = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.2)  # the imports take about a second
+    loading.send_signal(signal.SIGINT)
+    _, err = loading.communicate(timeout=120)
+    assert (loading.returncode, err) == (130, "error: aborted\n")
+    running = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    log = tmp_path / "lakehouse" / "audit" / "batch_log" / "_delta_log"
+    deadline = time.monotonic() + 120
+    while not list(log.glob("*.json")):  # the first of seven micro-batches committed
+        assert running.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    running.send_signal(signal.SIGINT)
+    _, err = running.communicate(timeout=120)
+    assert (running.returncode, err) == (130, "error: aborted\n")
+    rest = cdcflow("run", "--config", "cdcflow.yaml", cwd=tmp_path)
+    assert rest.returncode == 0, rest.stderr
+    files = pl.read_delta(str(tmp_path / "lakehouse" / "audit" / "batch_log"))["files"]
+    assert files.sum() == 21
 
 
 def test_an_unexpected_library_error_is_one_line_without_its_backtrace(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """``python -m cdcflow`` — same as the ``cdcflow`` console script."""
 
-from cdcflow.cli.app import entry
+from cdcflow.cli import entry
 
 entry()

@@ -413,6 +413,8 @@ def main() -> None:
     1 (failed), 2 (usage or configuration), 130 (interrupted)."""
     try:
         code = app(standalone_mode=False)
+        if code == 130:  # Typer turns a Ctrl-C (KeyboardInterrupt) into Exit(130)
+            print_error("aborted")
         if isinstance(code, int) and code:  # typer.Exit(n) returns n outside standalone mode
             sys.exit(code)
     except CdcflowError as exc:
