@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import yaml
 
 from cdcflow.config import SnowflakeSection
 from cdcflow.layers.erasure import ERASURE_CRASH_POINTS, erase, erasure_log, redact_text
+from cdcflow.layers.lag import end_to_end_lag
 from tests.conftest import REPO, Lake, ev, full
 
 SUBJECT = "C-7"
@@ -153,6 +155,8 @@ def test_erase_leaves_no_trace_and_keeps_everything_else(tmp_path: Path) -> None
     assert files_holding(lake_files(lake), VALUES)  # a dry run writes nothing
     unverified = cli("erase", "--config", str(config), "--verify", "--key", SUBJECT)
     assert unverified.returncode == 1 and "FAIL" in unverified.stdout
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)  # status's window
+    lag_before = end_to_end_lag(lake.config, since=hour_ago)
 
     done = cli("erase", "--config", str(config), "--key", SUBJECT, "--yes", "--reason", "TICKET-1")
     assert done.returncode == 0, done.stderr
@@ -164,6 +168,11 @@ def test_erase_leaves_no_trace_and_keeps_everything_else(tmp_path: Path) -> None
     assert (row["customer_name"], row["email"], row["phone"]) == (None, None, None)
     assert (row["city"], row["is_deleted"], row["last_event_id"]) == ("Leeds", False, "E6")
     assert others(lake) == before
+    # the erasure truncated Silver's Delta log: the lag still counts every micro-batch (a
+    # trial saw status's lag drop to 0 events), from the batches' ends
+    lag_after = end_to_end_lag(lake.config, since=hour_ago)
+    assert [x.events for x in lag_after] == [x.events for x in lag_before]
+    assert lag_after[0].events > 0 and lag_after[0].p50 is not None
     log = erasure_log(lake.config)
     assert sorted(log["status"].to_list()) == ["completed", "requested"]
     assert set(log["reason"]) == {"TICKET-1"} and SUBJECT not in log.write_csv()

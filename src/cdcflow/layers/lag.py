@@ -6,15 +6,17 @@ tables, or the shipped customers table when none is declared):
 outcome's processing time − ``event_timestamp`` (the source's commit time, e.g. Debezium's
 ``source.ts_ms``), the processing time is ``audit/batch_log.started_at`` and the Silver commit
 time is the Delta commit timestamp of the table's Silver version after the batch
-(``audit/table_batch_log.silver_version``; customers: ``audit/batch_log.silver_version``).
-Seconds, from the clocks of the source database
-and of this machine (a skew between them shifts every figure).
+(``audit/table_batch_log.silver_version``; customers: ``audit/batch_log.silver_version``), or,
+for a version whose commit the Delta log no longer holds (``cdcflow erase`` truncates it), the
+batch's end (``started_at + duration_ms``, after that commit by the audit stage). Seconds, from
+the clocks of the source database and of this machine (a skew between them shifts every
+figure).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 from deltalake import DeltaTable
@@ -59,7 +61,7 @@ def end_to_end_lag(config: CdcflowConfig, since: datetime | None = None) -> list
         TableNotFoundError: the pipeline has not run yet (no audit tables).
     """
     declared = bool(config.tables)
-    columns = ["batch_id", "started_at"] + ([] if declared else ["silver_version"])
+    columns = ["batch_id", "started_at", "duration_ms"] + ([] if declared else ["silver_version"])
     batches = _read(config, "audit/batch_log", columns)
     per_table = (
         _read(config, "audit/table_batch_log", ["batch_id", "table_name", "silver_version"])
@@ -83,12 +85,15 @@ def end_to_end_lag(config: CdcflowConfig, since: datetime | None = None) -> list
             versions = per_table.filter(pl.col("table_name") == contract.name).join(
                 batches, on="batch_id"
             )
-        delay = {
-            row["batch_id"]: (commits[row["silver_version"]] - row["started_at"]).total_seconds()
-            for row in versions.iter_rows(named=True)
-            if row["silver_version"] in commits
-            and (since is None or commits[row["silver_version"]] >= since)
-        }
+        delay = {}
+        for row in versions.iter_rows(named=True):
+            if row["silver_version"] is None:
+                continue
+            committed = commits.get(row["silver_version"])
+            if committed is None:  # a log truncated since (an erasure): the batch's end
+                committed = row["started_at"] + timedelta(milliseconds=row["duration_ms"] or 0)
+            if since is None or committed >= since:
+                delay[row["batch_id"]] = (committed - row["started_at"]).total_seconds()
         outcomes = _read(config, contract.outcomes_table, ["batch_id", "outcome", "lag_s"])
         measured = outcomes.filter(pl.col("outcome") != "DUPLICATE")
         if since is not None:
