@@ -48,6 +48,7 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
         "files": 4, "bytes": sum(sizes), "pending_batch": None,
         "source_records": None, "source_error": "",  # a Kafka source's consumer lag only
         "source_wal_bytes": None,  # a PostgreSQL source's slot lag only
+        "folder_missing": False, "ignored_files": 0,
     }  # fmt: skip
 
     run = cdcflow("run", "--config", "cdcflow.yaml", "--trigger", "once", cwd=workdir)
@@ -60,6 +61,7 @@ def test_a_stopped_pipeline_its_flow_backlog_and_reasons(
     assert found["backlog"] == {
         "files": 1, "bytes": extra.stat().st_size, "pending_batch": None,
         "source_records": None, "source_error": "", "source_wal_bytes": None,
+        "folder_missing": False, "ignored_files": 0,
     }  # fmt: skip
     recent = found["recent"]
     assert recent["batches"] == 1 and recent["records"] == log["records_received"]
@@ -177,3 +179,19 @@ def test_declared_tables_contracts_lag_and_reasons_per_table(tmp_path: Path) -> 
     per_table = {t["table"]: t for t in found["tables"]}
     for table, reasons in found["quarantine"].items():
         assert sum(reasons.values()) == per_table[table]["quarantined"]
+
+
+def test_a_missing_landing_folder_and_ignored_files_are_said(workdir: Path) -> None:
+    """status names what a scheduled run would never report: a landing folder that does not
+    exist (a wrong source.path) and files in it that are never read (another extension)."""
+    (workdir / "landing" / "b.json").write_text("{}\n")
+    (workdir / "landing" / "d.JSONL").write_text("{}\n")
+    (workdir / "landing" / ".part").write_text("")  # hidden: a producer's temporary file
+    found = json.loads(_status(workdir, "--output", "json").stdout)["backlog"]
+    assert (found["files"], found["folder_missing"], found["ignored_files"]) == (4, False, 2)
+    text = _status(workdir).stdout
+    assert "2 other files in the landing folder ignored (only *.jsonl and *.jsonl.gz" in text
+    (workdir / "landing").rename(workdir / "landin")
+    gone = _status(workdir)
+    assert json.loads(_status(workdir, "--output", "json").stdout)["backlog"]["folder_missing"]
+    assert "the landing folder (source.path) does not exist" in gone.stdout

@@ -178,6 +178,14 @@ def _show_flow(found: Any) -> None:
             source = f"; PostgreSQL slot: {backlog.source_wal_bytes} bytes of WAL not confirmed"
         elif backlog.source_error:  # the error names the broker or the database
             source = f"; source lag unknown: {backlog.source_error}"
+        if backlog.folder_missing:
+            source += "; the landing folder (source.path) does not exist"
+        if backlog.ignored_files:
+            n = backlog.ignored_files
+            source += (
+                f"; {n} other file{'s' if n != 1 else ''} in the landing folder ignored (only "
+                "*.jsonl and *.jsonl.gz are read)"
+            )
         console.print(
             f"backlog: {backlog.files} landing file{'s' if backlog.files != 1 else ''} "
             f"({backlog.bytes} bytes) not taken yet{pending}{source}",

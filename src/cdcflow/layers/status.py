@@ -15,6 +15,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -133,6 +134,10 @@ class Backlog:
             the database could not be asked (``source_error``).
         source_error: why the broker or the database could not be asked (empty: it was, or
             the source is the landing folder).
+        folder_missing: the landing folder (``source.path``) does not exist: nothing can
+            arrive (a wrong path, or a folder not made yet).
+        ignored_files: regular files in the landing folder that are not landing files (not
+            ``*.jsonl`` / ``*.jsonl.gz``; hidden files not counted): never read.
     """
 
     files: int
@@ -141,6 +146,8 @@ class Backlog:
     source_records: int | None = None
     source_error: str = ""
     source_wal_bytes: int | None = None
+    folder_missing: bool = False
+    ignored_files: int = 0
 
 
 @dataclass(frozen=True)
@@ -275,7 +282,7 @@ def _throughput(batches: pl.DataFrame, recent: int) -> Throughput:
 
 
 def _backlog(config: CdcflowConfig) -> Backlog:
-    from cdcflow.sources.files import list_landing, unchanged
+    from cdcflow.sources.files import SUFFIXES, list_landing, unchanged
     from cdcflow.state.checkpoint import Checkpoint
 
     checkpoint = Checkpoint.of(config)
@@ -289,7 +296,25 @@ def _backlog(config: CdcflowConfig) -> Backlog:
         grown = before is not None and listed.size > before.size  # only the new bytes left
         left += listed.size - (before.size if before is not None and grown else 0)
     pending = checkpoint.pending() if checkpoint.has_offsets() else None
-    backlog = Backlog(files, left, None if pending is None else pending.batch_id)
+    folder = Path(config.source.path)
+    ignored = (
+        sum(
+            1
+            for entry in folder.iterdir()
+            if not entry.name.endswith(SUFFIXES)
+            and not entry.name.startswith(".")
+            and entry.is_file()
+        )
+        if folder.is_dir()
+        else 0
+    )
+    backlog = Backlog(
+        files,
+        left,
+        None if pending is None else pending.batch_id,
+        folder_missing=not folder.is_dir(),
+        ignored_files=ignored,
+    )
     if config.source.type == "kafka":
         from dataclasses import replace
 
@@ -374,7 +399,6 @@ def pipeline_status(
         Kafka broker or the PostgreSQL database cannot be reached, a table's lag is above
         ``max_lag``).
     """
-    from pathlib import Path
 
     now = now or datetime.now(UTC)
     status = PipelineStatus(config.pipeline.name, config.pipeline.engine)
