@@ -421,7 +421,7 @@ def reconcile_snapshot(
     report = ReconcileReport(
         kind="source-snapshot",
         expected_label=snapshot_label,
-        actual_label="silver (not deleted)",
+        actual_label="silver (its deleted rows not compared)",
         columns=[],
         expected_counts=_side_counts(snapshot, snapshot=True),
         actual_counts=SideCounts(

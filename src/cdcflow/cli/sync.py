@@ -13,6 +13,7 @@ from types import FrameType
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from cdcflow.cli.options import ConfigOption, HelpCommand, HelpGroup
@@ -33,11 +34,23 @@ def sync_table(report: object) -> Table:
     from cdcflow.sinks.snowflake.sync import SyncReport
 
     assert isinstance(report, SyncReport)
-    table = Table(title=f"Snowflake sync ({report.duration_ms} ms)")
-    names = ("table", "kind", "versions", "staged", "inserted", "updated", "deleted", "lag s",
-             "event lag p50 s", "p95 s")  # fmt: skip
+    table = Table(
+        title=f"Snowflake sync ({report.duration_ms} ms)",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    names = ("table", "kind", "versions", "staged", "ins", "upd", "del", "lag s",
+             "ev p50 s", "ev p95 s")  # fmt: skip
     for name in names:
-        table.add_column(name, justify="left" if name in ("table", "kind") else "right")
+        text = name in ("table", "kind")
+        # the names and versions whole; a narrow terminal wraps the lag headers instead
+        table.add_column(
+            name,
+            justify="left" if text else "right",
+            no_wrap=text or name == "versions",
+            overflow="fold",
+        )
     for t in report.tables:
         table.add_row(
             t.target,

@@ -113,7 +113,8 @@ def _table(
     numeric: dict[str, bool],
     wrap: bool,
 ) -> Table:
-    table = Table(title=title, title_justify="left")
+    # as wide as its title: a title wider than a narrow table would wrap ("(1\nrow)")
+    table = Table(title=title, title_justify="left", min_width=len(title or ""))
     for i, name in enumerate(columns):
         header = name
         if wrap:
