@@ -192,6 +192,13 @@ def test_lock_error_names_the_holder(tmp_path: Path) -> None:
     assert checkpoint.holder() == ""  # emptied on release
 
 
+def test_version_is_printed(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    shown = cdcflow("--version", cwd=tmp_path)
+    assert (shown.returncode, shown.stdout) == (0, f"cdcflow {version('cdcflow')}\n")
+
+
 def test_usage_errors_say_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "cdcflow.yaml").write_text(CONFIG)
     cases = {

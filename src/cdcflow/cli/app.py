@@ -153,6 +153,15 @@ def _usage_message(exc: Exception) -> str:
     return message
 
 
+def _print_version(value: bool) -> None:
+    """``cdcflow --version``: the installed package's version, then exit 0."""
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"cdcflow {version('cdcflow')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
@@ -165,6 +174,15 @@ def _main(
             " terminal, else warnings as text). Results and progress always go to stdout.",
         ),
     ] = "auto",
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print cdcflow's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
 ) -> None:
     _state["debug"] = debug
     set_log_format(log_format)
