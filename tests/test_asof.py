@@ -158,6 +158,11 @@ def test_a_declared_key_is_found_in_any_form_a_record_gives_it(tmp_path: Path) -
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         assert [r["rate"] for r in json.loads(result.output)] == [7], (day, at)
+    twice = runner.invoke(
+        app, ["as-of", "-c", str(config), "--version", "1", "--table", "rates", "--key", "day=1",
+              "--key", "day=2"],
+    )  # fmt: skip
+    assert twice.exit_code != 0 and "day given twice" in str(twice.exception)
     wrong = runner.invoke(
         app, ["as-of", "-c", str(config), "--version", "1", "--table", "rates", "--key", "day=x"]
     )

@@ -188,6 +188,9 @@ def test_erase_leaves_no_trace_and_keeps_everything_else(tmp_path: Path) -> None
     for key, count in ((SUBJECT, 2), ("C-8", 0)):  # one subject's rows
         mine = cli("erase", "--config", str(config), "--status", "--key", key, "--output", "json")
         assert mine.returncode == 0 and len(json.loads(mine.stdout)) == count, mine.stderr
+    # Bronze's versions before the erasure are gone: a replay of one says so in one line
+    gone = cli("replay", "--config", str(config), "--verify", "--to-version", "0")
+    assert gone.returncode == 2 and "time travel starts at version" in gone.stderr, gone.stderr
     # replay from the redacted Bronze reproduces Silver; the pipeline goes on
     replay = cli("replay", "--config", str(config), "--verify")
     assert replay.returncode == 0, replay.stdout + replay.stderr

@@ -65,6 +65,8 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
                 f"({', '.join(contract.keys)}), got {pair!r}"
             )
         spec = contract.column(column.strip())
+        if spec.name in out:
+            raise UsageError(f"--key: {spec.name} given twice")
         try:
             out[spec.name] = coerce(value.strip(), spec.type)
             continue

@@ -144,6 +144,18 @@ def _check_bronze(cfg: CdcflowConfig, to_version: int | None) -> None:
             raise UsageError(
                 f"--to-version {to_version}: {name} has no such version (the latest is {latest})"
             )
+        if to_version is not None:  # a version a vacuum removed (optimize, erase)
+            from deltalake import DeltaTable
+
+            from cdcflow.layers.asof import unreadable_version
+
+            try:
+                DeltaTable(cfg.table_uri(name), version=to_version,
+                           storage_options=cfg.storage.options or None)  # fmt: skip
+            except Exception as exc:  # delta-rs: TableNotFoundError, DeltaError, OSError
+                raise UsageError(
+                    f"--to-version: {unreadable_version(cfg, name, to_version, exc)}"
+                ) from None
 
 
 def replay(

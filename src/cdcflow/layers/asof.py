@@ -34,13 +34,15 @@ def _open(config: CdcflowConfig, name: str, version: int | None = None) -> Delta
         if version is not None and DeltaTable.is_deltatable(
             config.table_uri(name), storage_options=config.storage.options or None
         ):  # the table is there, not that version (its log entry is gone)
-            raise TableError(_unreadable(config, name, version, exc)) from exc
+            raise TableError(unreadable_version(config, name, version, exc)) from exc
         raise TableError(f"{name}: table not found under {config.storage.root}") from exc
     except DeltaError as exc:
-        raise TableError(_unreadable(config, name, version, exc)) from exc
+        raise TableError(unreadable_version(config, name, version, exc)) from exc
 
 
-def _unreadable(config: CdcflowConfig, name: str, version: int | None, exc: Exception) -> str:
+def unreadable_version(
+    config: CdcflowConfig, name: str, version: int | None, exc: Exception
+) -> str:
     """Why ``version`` of ``name`` cannot be read: before the earliest version its Delta log
     still holds (a vacuum ended time travel there: ``optimize``, ``cdcflow erase``), after the
     latest, or the error itself."""
@@ -107,7 +109,7 @@ def silver_at_version(
         frame = _customer_filter(scan_table(table), customer_id)
         return frame.select(SILVER_COLUMNS).sort("customer_id").collect()
     except (DeltaError, OSError, pl.exceptions.ComputeError) as exc:
-        raise TableError(_unreadable(config, SILVER.name, version, exc)) from exc
+        raise TableError(unreadable_version(config, SILVER.name, version, exc)) from exc
 
 
 def _key_filter(frame: pl.LazyFrame, key: dict[str, Any] | None) -> pl.LazyFrame:
@@ -173,7 +175,13 @@ def table_at_version(
         ]
         return frame.select(columns).sort(list(contract.keys)).collect()
     except (DeltaError, OSError, pl.exceptions.ComputeError) as exc:
-        raise TableError(_unreadable(config, name, version, exc)) from exc
+        raise TableError(unreadable_version(config, name, version, exc)) from exc
 
 
-__all__ = ["customer_state_as_of", "silver_at_version", "table_at_version", "table_state_as_of"]
+__all__ = [
+    "customer_state_as_of",
+    "silver_at_version",
+    "table_at_version",
+    "table_state_as_of",
+    "unreadable_version",
+]
