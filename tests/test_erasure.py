@@ -478,6 +478,29 @@ def test_an_erasure_during_a_replay_rebuild_leaves_no_shadow(tmp_path: Path) -> 
     assert files_holding(lake_files(lake), VALUES) == []
 
 
+def test_a_replay_over_an_unfinished_erasure_leaves_no_shadow(tmp_path: Path) -> None:
+    """An erasure requested before a replay's rebuild began, and still redacting while it
+    reads Bronze (the window an attack hit: the rebuild saw no new log row and kept the
+    subject's values in the shadow): an unfinished request fails the rebuild too, and the
+    shadow is emptied; once the erasure is finished the replay runs."""
+    from cdcflow.engines.local.replay import ReplayError, rebuild_shadow
+
+    lake = lake_with_subject(tmp_path)
+    config = write_config(lake)
+    killed = cli("erase", "--config", str(config), "--key", SUBJECT, "--yes",
+                 env={"CDCFLOW_CRASH_AT": "erase_after_log"})  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert files_holding(lake_files(lake), VALUES)  # requested, nothing redacted yet
+    with pytest.raises(ReplayError, match="or one is unfinished"):
+        rebuild_shadow(lake.config)
+    assert files_holding([tmp_path / "lake" / "_shadow"], VALUES) == []
+    again = cli("erase", "--config", str(config), "--key", SUBJECT, "--yes")
+    assert again.returncode == 0, again.stderr[-2000:]
+    result = rebuild_shadow(lake.config)
+    assert result.silver_rows > 0
+    assert files_holding([tmp_path / "lake" / "_shadow"], VALUES) == []
+
+
 def declared_table(tmp_path: Path, columns: list[dict[str, Any]], keys: list[str]) -> Path:
     """A pipeline of one declared table ``t`` (flat records under ``landing/``): its config."""
     (tmp_path / "landing").mkdir(parents=True)

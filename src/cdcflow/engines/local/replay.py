@@ -215,23 +215,35 @@ def rebuild_shadow(
 
     Raises:
         TableError: Bronze (or the requested version) does not exist.
-        ReplayError: an erasure (``cdcflow erase``) ran during the rebuild: the shadow tables,
-            which may hold what it erased, are emptied (and vacuumed); run the replay again.
+        ReplayError: an erasure (``cdcflow erase``) ran during the rebuild, or one is
+            unfinished (a request without its completion: it may be redacting Bronze while
+            the rebuild reads an earlier version): the shadow tables, which may hold what it
+            erases, are emptied (and vacuumed); finish the erasure and run the replay again.
     """
     from cdcflow.layers.erasure import erasure_log
 
-    erasures = erasure_log(config).height
+    def erasing() -> tuple[int, int]:
+        """(rows of the erasure log, requests not completed: an erasure running or killed)."""
+        log = erasure_log(config)
+        done = set(log.filter(pl.col("status") == "completed")["request_id"].to_list())
+        return log.height, len(set(log["request_id"].to_list()) - done)
+
+    before = erasing()
     try:
         result = _rebuild_shadow(config, to_version, bucket_rows, on_bucket)
     except BaseException:
-        if erasure_log(config).height != erasures:
+        if erasing() != before or before[1]:
             _empty_shadows(config)
         raise
-    if erasure_log(config).height != erasures:
+    after = erasing()
+    # a request written before the rebuild began may redact Bronze while the rebuild reads an
+    # earlier version of it: an unfinished request then counts as an erasure during it
+    if after != before or after[1]:
         _empty_shadows(config)
         raise ReplayError(
-            "an erasure ran during the rebuild (cdcflow erase): the shadow tables were emptied; "
-            "run the replay again"
+            "an erasure ran during the rebuild, or one is unfinished (cdcflow erase): the "
+            "shadow tables were emptied; finish the erasure (run the same erase again) and run "
+            "the replay again"
         )
     return result
 
