@@ -342,6 +342,49 @@ def test_a_declared_table_with_an_integer_key(tmp_path: Path) -> None:
         erase(config, "order_lines", ['["O-1", 1]'], confirmed=True)
 
 
+def test_a_key_is_erased_in_every_form_records_give_it(tmp_path: Path) -> None:
+    """Keys are equal by value (``docs/SEMANTICS.md``): the integer key 2 is ``2``, ``"002"``
+    and ``"02"`` in records, and an instant key is ISO text or epoch milliseconds. Whatever
+    form ``--key`` and the records use, every layer's rows of the subject are erased, the
+    quarantined ones too, and a late quarantined record of it later (an attack found the
+    key compared as text: ``--key 002`` erased the quarantine only and said it was done)."""
+    from cdcflow.pipeline import Pipeline, Trigger
+    from tests.test_tables_pipeline import _declare_tables, rec, write_files
+
+    accounts = {"name": "accounts", "keys": ["account_id"], "columns": [
+        {"name": "account_id", "type": "integer"}, {"name": "owner", "pii": True},
+        {"name": "balance", "type": "decimal(12,2)", "minimum": 0}]}  # fmt: skip
+    readings = {"name": "readings", "keys": ["device", "taken_at"], "columns": [
+        {"name": "device"}, {"name": "taken_at", "type": "timestamp"},
+        {"name": "note", "pii": True}]}  # fmt: skip
+    config = _declare_tables(tmp_path, [accounts, readings])
+    write_files(
+        config,
+        [[
+            json.dumps(rec("accounts", "a1", "INSERT", 1, account_id=2, owner="Alice Secret",
+                           balance="10.00")),
+            json.dumps(rec("accounts", "a2", "UPDATE", 2, account_id="002", owner="Bob Hidden",
+                           balance=-5)),  # quarantined: below the minimum
+            json.dumps(rec("accounts", "a3", "INSERT", 3, account_id=3, owner="Carl Kept")),
+            json.dumps(rec("readings", "r1", "INSERT", 4, device="D1",
+                           taken_at=1_704_067_200_000, note="Dora Secret")),
+            json.dumps(rec("readings", "r2", "UPDATE", 5, device="D1",
+                           taken_at="2024-01-01T01:00:00+01:00", note="Dora Again")),
+        ]],
+    )  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    secrets_ = ("Alice Secret", "Bob Hidden", "Dora Secret", "Dora Again")
+    assert len(files_holding([tmp_path / "lake"], secrets_)) > 0
+    erase(config, "accounts", ["002"], confirmed=True)
+    erase(config, "readings", ['["D1", "2024-01-01T00:00:00Z"]'], confirmed=True)
+    assert files_holding([tmp_path / "lake"], secrets_) == []
+    assert files_holding([tmp_path / "lake"], ("Carl Kept",))  # another account stays
+    write_files(config, [[json.dumps(rec("accounts", "a9", "UPDATE", 9, account_id="02",
+                                         owner="Finn Late", balance=-1))]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))  # quarantined, then erased again
+    assert files_holding([tmp_path / "lake"], ("Finn Late",)) == []
+
+
 def test_usage_errors_and_keys_no_layer_holds(tmp_path: Path) -> None:
     """No key, an empty key, ``--verify`` without a key: usage errors (exit 2); keys no layer
     holds: nothing written; a reason holding personal data or the key: refused."""

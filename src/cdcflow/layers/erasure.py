@@ -69,7 +69,7 @@ import os
 import re
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,17 +209,99 @@ def subject_hash(key: Sequence[str], secret: bytes) -> str:
     return hmac.new(secret, "\x1f".join(key).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+def key_text(value: Any, spec: ColumnSpec) -> str:
+    """A key value as the one text every layer compares and hashes: the value coerced to the
+    key column's type (``docs/SEMANTICS.md``: keys are equal by value, ``"007"`` is 7) and
+    written as Polars writes that type as text (``2``, ``10.00``, ``2024-01-08``,
+    ``2024-01-01 00:00:00.000000+00:00``, ``true``): what a typed Delta key column cast to
+    text holds. A value that is not of the type (a quarantined record's) stays its trimmed
+    text.
+
+    Args:
+        value: the key value as a record or a ``--key`` gives it (text, or a parsed JSON value).
+        spec: the key column.
+    """
+    from cdcflow.model.contracts import TypeMismatch, coerce
+
+    text = str(value).strip()
+    if spec.type == "string":
+        return text
+    typed: Any = None
+    for candidate in (value.strip() if isinstance(value, str) else value, _json_value(text)):
+        try:
+            typed = coerce(candidate, spec.type)
+        except (TypeMismatch, ValueError, TypeError, OverflowError):
+            continue
+        if typed is not None:
+            break
+    if typed is None:
+        return text
+    if isinstance(typed, bool):
+        return "true" if typed else "false"
+    if isinstance(typed, datetime):
+        return typed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f+00:00")
+    if hasattr(typed, "isoformat"):  # a date
+        return str(typed.isoformat())
+    return str(typed)
+
+
+def _json_value(text: str) -> Any:
+    """``text`` as the JSON value it spells (a number: epoch days or milliseconds), or None."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _key_text_expr(column: str, spec: ColumnSpec, dtype: pl.DataType) -> pl.Expr:
+    """A key column's values as :func:`key_text` writes them. A typed column (Bronze,
+    Silver, history) cast to text already is; a text column (quarantine: the values as
+    records gave them) is parsed by type where it can be (integers with leading zeros,
+    decimals, booleans, ISO dates and instants, epoch days and milliseconds), else trimmed."""
+    raw = pl.col(column).cast(pl.String).str.strip_chars()
+    if spec.type == "string" or dtype != pl.String:
+        return raw
+    kind = spec.type.split("(")[0]
+    number = raw.cast(pl.Int64, strict=False)
+    parsed: pl.Expr | None = None
+    if kind == "integer":
+        parsed = number.cast(pl.String)
+    elif kind == "boolean":
+        parsed = raw.str.to_lowercase().replace_strict(
+            {"true": "true", "false": "false"}, default=None
+        )
+    elif kind == "date":
+        parsed = pl.coalesce(
+            raw.str.to_date("%Y-%m-%d", strict=False),
+            number.cast(pl.Date, strict=False),
+        ).cast(pl.String)
+    elif kind == "timestamp":
+        utc = pl.Datetime("us", "UTC")
+        parsed = pl.coalesce(
+            raw.str.to_datetime(time_zone="UTC", time_unit="us", strict=False),
+            number.cast(pl.Datetime("ms", "UTC"), strict=False).cast(utc),
+        ).cast(pl.String)
+    elif kind == "decimal":
+        from cdcflow.model.contracts import parse_type
+
+        _, precision, scale = parse_type(spec.type)
+        parsed = raw.cast(pl.Decimal(precision, scale), strict=False).cast(pl.String)
+    return raw if parsed is None else pl.coalesce(parsed, raw)
+
+
 def parse_key(text: str, contract: TableContract) -> tuple[str, ...]:
-    """A ``--key`` value as the key's values in key order: the text itself for a one-column
-    key; for a composite key a JSON array (``["O-1", 1]``) or comma-separated values.
+    """A ``--key`` value as the key's values in key order (each as :func:`key_text` writes
+    it): the text itself for a one-column key; for a composite key a JSON array
+    (``["O-1", 1]``) or comma-separated values.
 
     Raises:
         ErasureError: not as many values as the table has key columns.
     """
     if not text.strip():
         raise ErasureError("--key: an empty key")
+    specs = [contract.column(k) for k in contract.keys]
     if len(contract.keys) == 1:
-        return (text.strip(),)
+        return (key_text(text, specs[0]),)
     try:
         values = json.loads(text)
     except ValueError:
@@ -229,10 +311,9 @@ def parse_key(text: str, contract: TableContract) -> tuple[str, ...]:
             f"--key {text!r}: table {contract.name} has the key ({', '.join(contract.keys)}): "
             "give its values as a JSON array or separated by commas"
         )
-    key = tuple(str(v).strip() for v in values)
-    if not all(key):
+    if not all(str(v).strip() for v in values):
         raise ErasureError(f"--key: table {contract.name}: a key value is empty")
-    return key
+    return tuple(key_text(v, spec) for v, spec in zip(values, specs, strict=True))
 
 
 def find_contract(config: CdcflowConfig, table: str) -> TableContract:
@@ -427,24 +508,23 @@ def _scan(table: DeltaTable) -> pl.LazyFrame:
 
 
 def _key_filter(
-    contract: TableContract, subjects: Sequence[Subject], columns: Iterable[str]
+    contract: TableContract, subjects: Sequence[Subject], columns: Mapping[str, pl.DataType]
 ) -> pl.Expr:
-    """Rows whose key (its columns as text) is one of the subjects'."""
-    present = set(columns)
-    if not all(k in present for k in contract.keys):
+    """Rows whose key (its columns as :func:`key_text` writes them) is one of the subjects'.
+
+    Args:
+        columns: the table's schema (a text key column is parsed by type).
+    """
+    if not all(k in columns for k in contract.keys):
         return pl.lit(False)
+    texts = [_key_text_expr(k, contract.column(k), columns[k]) for k in contract.keys]
     if len(contract.keys) == 1:
-        key = pl.col(contract.keys[0]).cast(pl.String).str.strip_chars()
-        return key.is_in([s.key[0] for s in subjects])
-    wanted = pl.DataFrame(
-        {k: [s.key[i] for s in subjects] for i, k in enumerate(contract.keys)},
-        schema={k: pl.String for k in contract.keys},
-    )
+        return texts[0].is_in([s.key[0] for s in subjects])
     expr = pl.lit(False)
-    for row in wanted.iter_rows():
+    for subject in subjects:
         one = pl.lit(True)
-        for column, value in zip(contract.keys, row, strict=True):
-            one = one & (pl.col(column).cast(pl.String).str.strip_chars() == value)
+        for text, value in zip(texts, subject.key, strict=True):
+            one = one & (text == value)
         expr = expr | one
     return expr
 
@@ -452,29 +532,22 @@ def _key_filter(
 def _raw_key_filter(
     contract: TableContract, subjects: Sequence[Subject], column: str = "raw_line"
 ) -> pl.Expr:
-    """Rows whose text ``column`` holds ``"<key column>": <value>`` (quoted or not) for every
-    key column of one of the subjects: a quarantined line of the subject, parsed or not."""
-    if len(contract.keys) == 1:  # one pattern of every subject's value
-        values = "|".join(pl.escape_regex(s.key[0]) for s in subjects)
-        return pl.col(column).str.contains(
-            f'"{pl.escape_regex(contract.keys[0])}"' + r'\s*:\s*"?\s*(' + values
-            + r')\s*"?\s*([,}\]]|$)'
-        )  # fmt: skip
-    expr = pl.lit(False)
-    for subject in subjects:
-        one = pl.lit(True)
-        for name, value in zip(contract.keys, subject.key, strict=True):
-            pattern = (
-                f'"{pl.escape_regex(name)}"' + r'\s*:\s*"?\s*' + pl.escape_regex(value)
-                + r'\s*"?\s*([,}\]]|$)'
-            )  # fmt: skip
-            one = one & pl.col(column).str.contains(pattern)
-        expr = expr | one
-    return expr
+    """Rows whose text ``column`` names one of the subjects' keys (:func:`_raw_keys`: a JSON
+    object at any depth holding every key column, or the ``"<key column>": <value>`` of a line
+    that is not JSON), compared as :func:`key_text` writes keys: a quarantined line of the
+    subject, parsed or not, in whatever form it gave the key (``"002"`` for 2)."""
+    wanted = {s.key for s in subjects}
+    return pl.col(column).map_elements(
+        lambda text: any(k in wanted for k in _raw_keys(text, contract)),
+        return_dtype=pl.Boolean,
+    )
 
 
 def _own_filter(
-    layer: _Layer, contract: TableContract, subjects: Sequence[Subject], columns: Iterable[str]
+    layer: _Layer,
+    contract: TableContract,
+    subjects: Sequence[Subject],
+    columns: Mapping[str, pl.DataType],
 ) -> pl.Expr:
     """The subjects' own rows of a layer: their key, or in a quarantine layer also a raw line
     naming it."""
@@ -485,14 +558,19 @@ def _own_filter(
 
 
 def _raw_keys(text: str, contract: TableContract) -> list[tuple[str, ...]]:
-    """The keys a raw line names: every JSON object (at any depth) holding all key columns, or
-    for a line that is not JSON the first ``"<key column>": <value>`` of each key column."""
+    """The keys a raw line names (each value as :func:`key_text` writes it): every JSON object
+    (at any depth) holding all key columns, or for a line that is not JSON the first
+    ``"<key column>": <value>`` of each key column."""
     found: list[tuple[str, ...]] = []
+    specs = [contract.column(k) for k in contract.keys]
 
     def walk(value: Any) -> None:
         if isinstance(value, dict):
             if all(k in value and value[k] is not None for k in contract.keys):
-                found.append(tuple(str(value[k]).strip() for k in contract.keys))
+                found.append(
+                    tuple(key_text(value[k], spec) for k, spec in zip(contract.keys, specs,
+                                                                      strict=True))
+                )  # fmt: skip
             for v in value.values():
                 walk(v)
         elif isinstance(value, list):
@@ -508,7 +586,7 @@ def _raw_keys(text: str, contract: TableContract) -> list[tuple[str, ...]]:
         match = re.search(rf'"{re.escape(name)}"\s*:\s*"?\s*([^",}}\]\s]+)', text)
         if match is None:
             return []
-        parts.append(match.group(1).strip())
+        parts.append(key_text(match.group(1), contract.column(name)))
     return [tuple(parts)]
 
 
@@ -524,11 +602,11 @@ def _present(
         if table is None:
             continue
         scan = _scan(table)
-        columns = scan.collect_schema().names()
+        columns = scan.collect_schema()
         if all(k in columns for k in contract.keys):
             keys = (
                 scan.filter(_key_filter(contract, subjects, columns))
-                .select(pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys)
+                .select(_key_text_expr(k, contract.column(k), columns[k]) for k in contract.keys)
                 .unique()
                 .collect()
             )
@@ -576,7 +654,7 @@ def _pii_values(
         if table is None:
             continue
         scan = _scan(table)
-        columns = scan.collect_schema().names()
+        columns = scan.collect_schema()
         wanted = [c for c in (*pii, *layer.texts) if c in columns]
         rows = scan.filter(_key_filter(contract, subjects, columns)).select(wanted).collect()
         for column in pii:
@@ -626,7 +704,7 @@ def _matching_rows(
     """The table's rows to redact: those of the subjects (and, in quarantine, every row whose
     texts hold one of ``values``; its column ``_subject`` tells the subjects' own rows)."""
     scan = _scan(table)
-    columns = scan.collect_schema().names()
+    columns = scan.collect_schema()
     match = _own_filter(layer, contract, subjects, columns)
     if layer.kind in QUARANTINES:
         scan = scan.with_columns(match.alias("_subject"))
@@ -1003,7 +1081,9 @@ def mask_erased(config: CdcflowConfig, table: str, frame: pl.DataFrame) -> pl.Da
     if not pii or not all(k in frame.columns for k in contract.keys):
         return frame
     secret = erasure_key(config)
-    keys = frame.select(pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys)
+    keys = frame.select(
+        _key_text_expr(k, contract.column(k), frame.schema[k]) for k in contract.keys
+    )
     erased = pl.Series(
         [subject_hash(tuple(row), secret) in hashes for row in keys.iter_rows()], dtype=pl.Boolean
     )
@@ -1044,7 +1124,7 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
             rows = _scan(delta).filter(pl.col("batch_id") == batch_id).collect()
             if all(k in rows.columns for k in contract.keys):
                 keyed = rows.select(
-                    pl.col(k).cast(pl.String).str.strip_chars() for k in contract.keys
+                    _key_text_expr(k, contract.column(k), rows.schema[k]) for k in contract.keys
                 ).drop_nulls()
                 keys.update(keyed.iter_rows())
             if "raw_line" in rows.columns:
@@ -1193,7 +1273,7 @@ def verify_erasure(
         if delta is None:
             continue
         scan = _scan(delta)
-        columns = scan.collect_schema().names()
+        columns = scan.collect_schema()
         mine = scan.filter(_own_filter(layer, contract, subjects, columns)).collect()
         bad = 0
         for column in (c for c in pii if c in mine.columns):
