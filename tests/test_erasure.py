@@ -385,6 +385,33 @@ def test_a_key_is_erased_in_every_form_records_give_it(tmp_path: Path) -> None:
     assert files_holding([tmp_path / "lake"], ("Finn Late",)) == []
 
 
+def test_tables_retired_by_schema_accept_are_erased_too(tmp_path: Path) -> None:
+    """``cdcflow schema accept`` moves a table's Delta tables under ``_retired/`` inside the
+    lakehouse: they hold the subject's data as well, and an erasure redacts them (an attack
+    found them left as they were, and ``erase --verify --value`` failing)."""
+    from cdcflow.pipeline import Pipeline, Trigger
+    from tests.test_tables_pipeline import _declare_tables, rec, write_files
+
+    table = {"name": "accounts", "keys": ["account_id"], "columns": [
+        {"name": "account_id", "type": "integer"}, {"name": "owner", "pii": True}]}  # fmt: skip
+    config = _declare_tables(tmp_path, [table], mode="soft")
+    write_files(config, [[json.dumps(rec("accounts", "a1", "INSERT", 1, account_id=1,
+                                         owner="Alice Retired"))]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    config = _declare_tables(tmp_path, [table], mode="hard")  # an incompatible change
+    accepted = cli("schema", "accept", "--config", config.file, "--table", "accounts")
+    assert accepted.returncode == 0, accepted.stderr
+    assert files_holding([tmp_path / "lake" / "_retired"], ("Alice Retired",))
+    write_files(config, [[json.dumps(rec("accounts", "a2", "UPDATE", 2, account_id=1,
+                                         owner="Alice Now"))]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    erase(config, "accounts", ["1"], confirmed=True)
+    assert files_holding([tmp_path / "lake"], ("Alice Retired", "Alice Now")) == []
+    verify = cli("erase", "--config", config.file, "--verify", "--table", "accounts", "--key",
+                 "1", "--value", "Alice Retired")  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 def test_usage_errors_and_keys_no_layer_holds(tmp_path: Path) -> None:
     """No key, an empty key, ``--verify`` without a key: usage errors (exit 2); keys no layer
     holds: nothing written; a reason holding personal data or the key: refused."""

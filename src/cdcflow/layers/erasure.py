@@ -70,7 +70,7 @@ import re
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -458,7 +458,26 @@ class _Layer:
     texts: tuple[str, ...]  # text columns redacted
 
 
-def _layers(contract: TableContract) -> list[_Layer]:
+def _layers(contract: TableContract, config: CdcflowConfig | None = None) -> list[_Layer]:
+    """The contract's tables an erasure redacts, in order; with ``config`` (a local
+    ``storage.root``) also the copies ``cdcflow schema accept`` retired under
+    ``_retired/<table>/<version>/`` (inside the lakehouse: they hold the subject's data too)."""
+    base = _live_layers(contract)
+    if config is None or "://" in config.storage.root:
+        return base
+    folder = Path(config.storage.root) / "_retired" / contract.name
+    if not folder.is_dir():
+        return base
+    retired = []
+    for version in sorted(p.name for p in folder.iterdir() if p.is_dir()):
+        for layer in base:
+            if layer.kind in ("quarantine", "bronze", "history", "silver"):
+                name = f"_retired/{contract.name}/{version}/{layer.name}"
+                retired.append(replace(layer, name=name))
+    return base + retired
+
+
+def _live_layers(contract: TableContract) -> list[_Layer]:
     names = contract.table_names
     pii = tuple(c.name for c in erased_columns(contract))
     keys = tuple(contract.keys)
@@ -597,7 +616,7 @@ def _present(
     naming it)."""
     wanted = {s.key for s in subjects}
     held: set[tuple[str, ...]] = set()
-    for layer in _layers(contract):
+    for layer in _layers(contract, config):
         table = _open(config, layer.name)
         if table is None:
             continue
@@ -649,7 +668,7 @@ def _pii_values(
     pii = [c.name for c in erased_columns(contract)]
     fields = pii_fields(contract)
     found: set[str] = set()
-    for layer in _layers(contract)[1:]:
+    for layer in _layers(contract, config)[1:]:
         table = _open(config, layer.name)
         if table is None:
             continue
@@ -1005,7 +1024,7 @@ def erase(
     report.unknown = len(given) - len(subjects)
     app_id = f"cdcflow-erase-{request_id}"
     planned: list[tuple[_Layer, DeltaTable, pl.DataFrame]] = []
-    for layer in _layers(contract):
+    for layer in _layers(contract, config):
         delta = _open(config, layer.name)
         if delta is None:
             continue
@@ -1036,7 +1055,7 @@ def erase(
         if f"erase_after_{layer.kind}" in ERASURE_CRASH_POINTS:
             crash_point(f"erase_after_{layer.kind}", 0)
     # every table of the contract is vacuumed (a resumed request's earlier redactions too)
-    touched = [layer.name for layer in _layers(contract)]
+    touched = [layer.name for layer in _layers(contract, config)]
     if not config.tables:  # the shipped customers tables: Gold from the redacted history
         step("recomputing Gold")
         from cdcflow.engines.local.gold import refresh_gold
@@ -1268,7 +1287,7 @@ def verify_erasure(
     for text in rows["versions"].drop_nulls().to_list():
         for name, version in json.loads(text).items():
             versions[name] = max(versions.get(name, 0), int(version))
-    for layer in _layers(contract):
+    for layer in _layers(contract, config):
         delta = _open(config, layer.name)
         if delta is None:
             continue
