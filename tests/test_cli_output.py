@@ -406,6 +406,6 @@ def test_commands_that_read_the_lakehouse_name_a_missing_one(tmp_path: Path) -> 
     assert cdcflow("run", "--config", "cdcflow.yaml", cwd=tmp_path).returncode == 0
     beyond = cdcflow("replay", "--config", "cdcflow.yaml", "--to-version", "999", cwd=tmp_path)
     assert beyond.returncode == 2
-    assert "--to-version 999: bronze/customer_events has no such version (the latest is 1)" in (
+    assert "--to-version 999: bronze/customer_events: no version 999 (the latest is 1)" in (
         one_error_line(beyond)
     )

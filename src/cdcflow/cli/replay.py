@@ -134,28 +134,19 @@ def _check_bronze(cfg: CdcflowConfig, to_version: int | None) -> None:
         UsageError: no such table yet (the pipeline has not run), or no such version.
     """
     from cdcflow.cli.app import existing_table
+    from cdcflow.errors import TableError
+    from cdcflow.layers.asof import open_version
     from cdcflow.layers.contract_replay import held_contracts
     from cdcflow.layers.tables import BRONZE
 
     names = [c.table_names.bronze for c in held_contracts(cfg)] if cfg.tables else [BRONZE.name]
     for name in names:
-        latest = existing_table(cfg, name, "replay").version()
-        if to_version is not None and to_version > latest:
-            raise UsageError(
-                f"--to-version {to_version}: {name} has no such version (the latest is {latest})"
-            )
-        if to_version is not None:  # a version a vacuum removed (optimize, erase)
-            from deltalake import DeltaTable
-
-            from cdcflow.layers.asof import unreadable_version
-
+        existing_table(cfg, name, "replay")
+        if to_version is not None:  # after the latest, or vacuumed away (optimize, erase)
             try:
-                DeltaTable(cfg.table_uri(name), version=to_version,
-                           storage_options=cfg.storage.options or None)  # fmt: skip
-            except Exception as exc:  # delta-rs: TableNotFoundError, DeltaError, OSError
-                raise UsageError(
-                    f"--to-version: {unreadable_version(cfg, name, to_version, exc)}"
-                ) from None
+                open_version(cfg, name, to_version)
+            except TableError as exc:
+                raise UsageError(f"--to-version {to_version}: {exc}") from None
 
 
 def replay(

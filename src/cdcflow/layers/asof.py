@@ -25,7 +25,13 @@ from cdcflow.model.contracts import TableContract
 from cdcflow.plan.reference import SILVER_COLUMNS
 
 
-def _open(config: CdcflowConfig, name: str, version: int | None = None) -> DeltaTable:
+def open_version(config: CdcflowConfig, name: str, version: int | None = None) -> DeltaTable:
+    """The Delta table ``name`` under ``storage.root`` at ``version`` (None: the latest).
+
+    Raises:
+        TableError: no such table, or no such version (:func:`unreadable_version` says why:
+            after the latest, or vacuumed away).
+    """
     try:
         return DeltaTable(
             config.table_uri(name), version=version, storage_options=config.storage.options or None
@@ -85,7 +91,7 @@ def customer_state_as_of(
         TableError: the history table does not exist.
     """
     instant = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
-    history = scan_table(_open(config, HISTORY.name))
+    history = scan_table(open_version(config, HISTORY.name))
     versions = _customer_filter(history, customer_id).filter(pl.col("valid_from") <= instant)
     state = versions.sort("sequence").group_by("customer_id").last()
     if config.processing.delete_mode == "hard":
@@ -104,7 +110,7 @@ def silver_at_version(
     Raises:
         TableError: the table or the version does not exist (or its files were vacuumed).
     """
-    table = _open(config, SILVER.name, version)
+    table = open_version(config, SILVER.name, version)
     try:
         frame = _customer_filter(scan_table(table), customer_id)
         return frame.select(SILVER_COLUMNS).sort("customer_id").collect()
@@ -144,7 +150,7 @@ def table_state_as_of(
 
     instant = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=UTC)
     keys = list(contract.keys)
-    history = scan_table(_open(config, contract.table_names.history))
+    history = scan_table(open_version(config, contract.table_names.history))
     versions = _key_filter(history, key).filter(pl.col("valid_from") <= instant)
     state = versions.sort("sequence").group_by(keys).last()
     if contract.delete_mode == "hard":
@@ -164,7 +170,7 @@ def table_at_version(
     from cdcflow.reconcile import contract_public_schema
 
     name = contract.table_names.silver
-    table = _open(config, name, version)
+    table = open_version(config, name, version)
     try:
         frame = _key_filter(scan_table(table), key)
         present = set(frame.collect_schema().names())
@@ -180,6 +186,7 @@ def table_at_version(
 
 __all__ = [
     "customer_state_as_of",
+    "open_version",
     "silver_at_version",
     "table_at_version",
     "table_state_as_of",
