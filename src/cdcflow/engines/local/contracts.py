@@ -58,7 +58,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
 from deltalake.schema import Field as DeltaField
 
 from cdcflow.config import CdcflowConfig
@@ -786,7 +785,10 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     )
     declared = contracts
     # the drift stop first: a contract that moved its tables is named as such, not as lost
-    checked = _drift_checked(store, declared, config) if _exists(store, SCHEMA_LOG) else None
+    logged = DeltaTable.is_deltatable(
+        store.uri_of[SCHEMA_LOG.name], storage_options=store.storage_options
+    )
+    checked = _drift_checked(store, declared, config) if logged else None
     # a lost table is refused before it is recreated empty; a table declared since the last
     # run (all of its tables missing) starts empty
     check_tables_kept(
@@ -804,15 +806,6 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, *optional):
         store.ensure(spec)
     return store, contracts, evolve_tables(store, evolutions)
-
-
-def _exists(store: DeltaStore, spec: TableSpec) -> bool:
-    """Whether ``spec``'s Delta table exists (read only: nothing is created)."""
-    try:
-        DeltaTable(store.uri_of[spec.name], storage_options=store.storage_options)
-    except TableNotFoundError:
-        return False
-    return True
 
 
 def _drift_checked(
