@@ -54,7 +54,7 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
     Raises:
         UsageError: not COLUMN=VALUE, not a key column, or a value not of its type.
     """
-    from cdcflow.model.contracts import TypeMismatch, coerce
+    from cdcflow.model.contracts import TypeMismatch, coerce_given
 
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -68,13 +68,8 @@ def parse_key(contract: Any, pairs: list[str]) -> dict[str, Any]:
         if spec.name in out:
             raise UsageError(f"--key: {spec.name} given twice")
         try:
-            out[spec.name] = coerce(value.strip(), spec.type)
-            continue
+            out[spec.name] = coerce_given(value, spec.type)
         except TypeMismatch:
-            pass
-        try:  # the value as a record carries it: a number (epoch days or milliseconds)
-            out[spec.name] = coerce(json.loads(value), spec.type)
-        except (ValueError, TypeMismatch):
             raise UsageError(f"--key: {spec.name} is not a value of type {spec.type}") from None
     return out
 

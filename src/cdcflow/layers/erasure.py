@@ -221,19 +221,15 @@ def key_text(value: Any, spec: ColumnSpec) -> str:
         value: the key value as a record or a ``--key`` gives it (text, or a parsed JSON value).
         spec: the key column.
     """
-    from cdcflow.model.contracts import TypeMismatch, coerce
+    from cdcflow.model.contracts import TypeMismatch, coerce_given
 
     text = str(value).strip()
     if spec.type == "string":
         return text
-    typed: Any = None
-    for candidate in (value.strip() if isinstance(value, str) else value, _json_value(text)):
-        try:
-            typed = coerce(candidate, spec.type)
-        except (TypeMismatch, ValueError, TypeError, OverflowError):
-            continue
-        if typed is not None:
-            break
+    try:
+        typed = coerce_given(value, spec.type)
+    except (TypeMismatch, ValueError, TypeError, OverflowError):  # a record's value: data
+        return text
     if typed is None:
         return text
     if isinstance(typed, bool):
@@ -243,14 +239,6 @@ def key_text(value: Any, spec: ColumnSpec) -> str:
     if hasattr(typed, "isoformat"):  # a date
         return str(typed.isoformat())
     return str(typed)
-
-
-def _json_value(text: str) -> Any:
-    """``text`` as the JSON value it spells (a number: epoch days or milliseconds), or None."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def _key_text_expr(column: str, spec: ColumnSpec, dtype: pl.DataType) -> pl.Expr:

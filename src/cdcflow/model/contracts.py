@@ -195,6 +195,26 @@ def compile_re2(pattern: str) -> Any:
     return re2.compile(pattern, options)
 
 
+def coerce_given(value: Any, type_text: str) -> Any:
+    """:func:`coerce` for a value given by hand or as text (a CLI option, a stored key): as
+    itself first (text trimmed), then as the JSON value its text spells, so that a date key
+    may be given as epoch days and an instant as epoch milliseconds, as records may give them.
+
+    Raises:
+        TypeMismatch: neither reading is a value of the type.
+    """
+    try:
+        return coerce(value.strip() if isinstance(value, str) else value, type_text)
+    except TypeMismatch:
+        if not isinstance(value, str):
+            raise
+    try:
+        spelled = json.loads(value)
+    except ValueError:
+        raise TypeMismatch(f"not a value of type {type_text}") from None
+    return coerce(spelled, type_text)
+
+
 def _decimal(text: str, precision: int, scale: int, type_text: str) -> Decimal:
     """The exact decimal of ``text`` at ``scale``; never rounded (too many digits: mismatch)."""
     with localcontext() as context:
@@ -582,6 +602,7 @@ __all__ = [
     "TypeMismatch",
     "check_constraints",
     "coerce",
+    "coerce_given",
     "compile_re2",
     "constraint_violations",
     "is_system_column",
