@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import REPO
+from tests.ports import unused_port
 
 pytestmark = pytest.mark.docs
 
@@ -129,12 +129,6 @@ def adapt(command: str) -> tuple[str, str]:
     return "run", bare
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def user_env(workdir: Path) -> dict[str, str]:
     """A new user's environment: no ~/.local/bin, no virtual environment, no cdcflow settings."""
     home_bin = str(Path.home() / ".local" / "bin")
@@ -148,11 +142,11 @@ def user_env(workdir: Path) -> dict[str, str]:
         and k not in {"VIRTUAL_ENV", "PYTHONPATH", "PYSPARK_PYTHON", "MAKEFLAGS", "MAKELEVEL"}
     }
     env["PATH"] = os.pathsep.join(path)
-    env["CDCFLOW_PG_PORT"] = str(free_port())
+    env["CDCFLOW_PG_PORT"] = str(unused_port())
     # Kafka, its controller and Connect of docs/kafka.md: ports of their own, not the suite's
-    env["CDCFLOW_KAFKA_PORT"] = str(free_port())
-    env["CDCFLOW_KAFKA_CONTROLLER_PORT"] = str(free_port())
-    env["CDCFLOW_CONNECT_PORT"] = str(free_port())
+    env["CDCFLOW_KAFKA_PORT"] = str(unused_port())
+    env["CDCFLOW_KAFKA_CONTROLLER_PORT"] = str(unused_port())
+    env["CDCFLOW_CONNECT_PORT"] = str(unused_port())
     env["TERM"] = "dumb"
     return env
 

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from cdcflow.plan.contract_rules import ChangeEvent, ContractValidator
 from cdcflow.plan.reference import fold_changes
 from cdcflow.plan.routing import Router
 from tests.conftest import BOOTSTRAP, REPO
+from tests.ports import unused_port
 from tests.test_formats import (
     ACCOUNT_FIELDS,
     NOW,
@@ -312,12 +312,6 @@ def cli(config: CdcflowConfig, crash_at: str | None = None) -> subprocess.Popen[
     )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def kafka_script(name: str, env: dict[str, str]) -> str:
     """Run ``scripts/kafka/<name>``; its output, or a failure with its output."""
     done = subprocess.run(
@@ -337,8 +331,8 @@ def own_broker(kafka_broker: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     home.mkdir()
     shared = Path(os.environ.get("CDCFLOW_KAFKA_HOME", REPO / ".kafka"))
     (home / "lib").symlink_to(shared.resolve() / "lib")  # installed by kafka_broker's start
-    env = {"CDCFLOW_KAFKA_HOME": str(home), "CDCFLOW_KAFKA_PORT": str(free_port()),
-           "CDCFLOW_KAFKA_CONTROLLER_PORT": str(free_port())}  # fmt: skip
+    env = {"CDCFLOW_KAFKA_HOME": str(home), "CDCFLOW_KAFKA_PORT": str(unused_port()),
+           "CDCFLOW_KAFKA_CONTROLLER_PORT": str(unused_port())}  # fmt: skip
     kafka_script("start.sh", env)
     try:
         yield env

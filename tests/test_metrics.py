@@ -16,13 +16,8 @@ import polars as pl
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdcflow.generator import GeneratorConfig, generate
+from tests.ports import unused_port
 from tests.test_cli import CONFIG, cdcflow
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -40,7 +35,7 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_metrics_endpoint_counts_what_the_audit_tables_record(tmp_path: Path) -> None:
     (tmp_path / "cdcflow.yaml").write_text(CONFIG)  # three files per micro-batch
     generate(tmp_path / "landing", GeneratorConfig(events=400, customers=50, files=5, seed=11))
-    port = _free_port()
+    port = unused_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDCFLOW")}
     command = [sys.executable, "-m", "cdcflow", "run", "--config", "cdcflow.yaml"]
     proc = subprocess.Popen(
