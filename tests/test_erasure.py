@@ -692,3 +692,81 @@ def test_a_required_pii_column_and_a_pii_key(tmp_path: Path) -> None:
     assert refused.returncode == 2, refused.stderr
     assert "only pii columns are key columns" in refused.stderr
     assert not (tmp_path / "only-key" / "lake" / "audit" / "erasure_log").exists()
+
+
+def test_a_column_marked_pii_after_an_erasure_is_erased_too(tmp_path: Path) -> None:
+    """A contract that marks more columns ``pii`` after an erasure (``nickname`` flagged, a
+    ``phone`` column added for a field the records held all along): the next run erases the
+    erased subjects again before it records the change (killed inside it, the next run
+    finishes the same request), so no layer — Bronze's raw payloads
+    included — keeps their values, and a ``replay --apply`` of Bronze brings none back (it
+    brought the phone back into Silver); other subjects keep theirs."""
+    from cdcflow.engines.local.contract_replay import apply_tables
+    from cdcflow.layers.contract_replay import replay_tables
+    from cdcflow.pipeline import Pipeline, Trigger
+    from tests.test_tables_pipeline import _declare_tables, rec, write_files
+    from tests.test_tables_pipeline import rows as table_rows
+
+    columns = [{"name": "account_id", "type": "integer"}, {"name": "owner", "pii": True},
+               {"name": "nickname"}]  # fmt: skip
+    v1 = {"name": "accounts", "keys": ["account_id"], "columns": columns}
+    config = _declare_tables(tmp_path, [v1])
+    write_files(config, [[
+        json.dumps(rec("accounts", "a1", "INSERT", 1, account_id=7, owner="Ann Secret",
+                       nickname="Annie Private", phone="+44 7700 900999")),
+        json.dumps(rec("accounts", "a2", "INSERT", 2, account_id=8, owner="Bob Kept",
+                       nickname="Bobby Kept", phone="+44 7700 900888")),
+    ]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    erase(config, "accounts", ["7"], confirmed=True)
+    lake = [tmp_path / "lake"]
+    assert files_holding(lake, ("Ann Secret",)) == []
+    # not pii in v1: kept (Silver, history, Bronze's column and raw payload)
+    assert files_holding(lake, ("Annie Private", "+44 7700 900999"))
+
+    flagged = [*columns[:2], {"name": "nickname", "pii": True}, {"name": "phone", "pii": True}]
+    config = _declare_tables(tmp_path, [{**v1, "version": 2, "columns": flagged}])
+    # killed inside that erasure: the change is not recorded yet, the next run finishes it
+    killed = cli("run", "--config", config.file, env={"CDCFLOW_CRASH_AT": "erase_after_bronze"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    engine_changes = Pipeline(config).engine.schema_changes
+    assert "table accounts: 1 erased subject(s) erased again for the columns now marked pii" in (
+        engine_changes
+    )
+    assert files_holding(lake, ("Annie Private", "+44 7700 900999")) == []
+    assert files_holding(lake, ("Bobby Kept",)) and files_holding(lake, ("+44 7700 900888",))
+    reasons = erasure_log(config).filter(pl.col("status") == "completed")["reason"].to_list()
+    assert reasons.count("contract v2 marks more columns pii") == 1
+    # the change is recorded: the next run erases nothing again
+    Pipeline(config).run(Trigger.parse("available-now"))
+    assert len(erasure_log(config)) == 4  # two requests (the killed one finished), 2 rows each
+
+    replays = replay_tables(config)
+    apply_tables(config, replays)
+    rebuilt = {r["account_id"]: r for r in table_rows(config, "silver/accounts")}
+    assert rebuilt[8]["phone"] == "+44 7700 900888"  # the replay reads the field from Bronze
+    assert (rebuilt[7]["owner"], rebuilt[7]["nickname"], rebuilt[7]["phone"]) == (None,) * 3
+    assert files_holding(lake, ("Ann Secret", "Annie Private", "+44 7700 900999")) == []
+
+
+def test_a_subject_whose_key_is_a_word_of_the_late_event_reason(tmp_path: Path) -> None:
+    """The reason cdcflow records for a late event of an erased subject is its own text, not
+    checked for personal data: a subject keyed ``eve`` (a word of "late event of an erased
+    subject") stopped every run that brought a late event of it."""
+    from cdcflow.pipeline import Pipeline, Trigger
+    from tests.test_tables_pipeline import _declare_tables, rec, write_files
+
+    users = {"name": "users", "keys": ["user_id"], "columns": [
+        {"name": "user_id"}, {"name": "full_name", "pii": True}]}  # fmt: skip
+    config = _declare_tables(tmp_path, [users])
+    write_files(config, [[json.dumps(rec("users", "u1", "INSERT", 1, user_id="eve",
+                                         full_name="Eve Secret"))]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    erase(config, "users", ["eve"], confirmed=True)
+    write_files(config, [[json.dumps(rec("users", "u2", "UPDATE", 2, user_id="eve",
+                                         full_name="Eve Late"))]])  # fmt: skip
+    reports = Pipeline(config).run(Trigger.parse("available-now"))
+    assert [r.batch_id for r in reports] == [1]
+    assert files_holding([tmp_path / "lake"], ("Eve Secret", "Eve Late")) == []
+    reasons = erasure_log(config).filter(pl.col("status") == "completed")["reason"].to_list()
+    assert "late event of an erased subject (micro-batch 1)" in reasons

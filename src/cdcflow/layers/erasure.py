@@ -56,7 +56,8 @@ can otherwise test a guessed key against the log).
 
 A later event of an erased subject (a late or replayed delivery) is applied with its PII columns
 nulled: the micro-batch that brings it erases the subject's new values before its checkpoint
-commit (:func:`enforce_erasures`).
+commit (:func:`enforce_erasures`). A contract that marks more columns ``pii`` has the erased
+subjects erased again by the run that applies it (:func:`erase_newly_pii`).
 """
 
 from __future__ import annotations
@@ -961,6 +962,7 @@ def erase(
     dry_run: bool = False,
     confirmed: bool = False,
     on_step: Callable[[str], None] | None = None,
+    own_reason: bool = False,
 ) -> ErasureReport:
     """Erase the personal data of the subjects ``keys`` of ``table`` (see the module docstring).
 
@@ -976,6 +978,10 @@ def erase(
         confirmed: ``--yes``: the run may end time travel earlier than
             ``maintenance.time_travel_window``.
         on_step: called with each step's name before it runs (progress).
+        own_reason: ``reason`` is cdcflow's own (a late event, a contract marking more columns
+            pii), not an operator's: it is not checked for personal data (a subject keyed
+            ``eve`` or ``100`` would otherwise stop the run whose reason text holds the word
+            or the micro-batch number).
 
     Returns:
         The report.
@@ -1004,7 +1010,7 @@ def erase(
     step("collecting the subjects' values")
     values = _pii_values(config, contract, subjects)
     request = _request(config, contract, subjects, reason)
-    if not request.resumed:
+    if not request.resumed and not own_reason:
         _check_reason(reason, subjects, values)
     request_id, reason, requested_at = request.id, request.reason, request.requested_at
     report = ErasureReport(request_id, contract.name, len(subjects), dry_run=dry_run)
@@ -1149,8 +1155,108 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
                 texts,
                 reason=f"late event of an erased subject (micro-batch {batch_id})",
                 confirmed=True,
+                own_reason=True,
             )
         )
+    return reports
+
+
+def newly_pii(old: TableContract, new: TableContract) -> list[str]:
+    """The record fields (and columns) ``new`` erases that ``old`` did not: a column marked
+    ``pii`` since, added with ``pii: true``, or a ``pii`` column read from another field.
+
+    Returns:
+        Their names, sorted; empty when ``new`` erases nothing more than ``old``.
+    """
+    before = pii_fields(old)[0] | {c.name for c in erased_columns(old)}
+    after = pii_fields(new)[0] | {c.name for c in erased_columns(new)}
+    return sorted(after - before)
+
+
+def _erased_keys(
+    config: CdcflowConfig, contract: TableContract, hashes: set[str]
+) -> list[tuple[str, ...]]:
+    """The keys (as :func:`key_text` writes them) of the erased subjects ``hashes`` that some
+    layer of the contract holds: every key of every layer is hashed (the log keeps only the
+    hashes), the keys quarantined raw lines name too. Reads every layer's keys: only run
+    when a contract change makes it needed."""
+    secret = erasure_key(config)
+    found: set[tuple[str, ...]] = set()
+    for layer in _layers(contract, config):
+        table = _open(config, layer.name)
+        if table is None:
+            continue
+        scan = _scan(table)
+        columns = scan.collect_schema()
+        if all(k in columns for k in contract.keys):
+            keys = (
+                scan.select(
+                    _key_text_expr(k, contract.column(k), columns[k]) for k in contract.keys
+                )
+                .unique()
+                .drop_nulls()
+                .collect()
+            )
+            found.update(keys.iter_rows())
+        if layer.kind in QUARANTINES and "raw_line" in columns:
+            for text in scan.select("raw_line").collect()["raw_line"].drop_nulls().to_list():
+                found.update(_raw_keys(text, contract))
+    return sorted(k for k in found if subject_hash(k, secret) in hashes)
+
+
+def erase_newly_pii(
+    config: CdcflowConfig, recorded: Mapping[str, TableContract]
+) -> list[ErasureReport]:
+    """Erase again the erased subjects of each declared table whose contract now erases more
+    than the one its tables were built for: a column marked ``pii`` after the subjects were
+    erased kept their values in Silver and history, and in Bronze's raw payloads, from which
+    a ``replay --apply`` would bring them back (:func:`newly_pii`).
+
+    Runs when a run applies the contract change (:func:`cdcflow.engines.local.contracts.
+    open_tables`, before the change is recorded in ``audit/schema_log``: a crash in between
+    runs it again), holding the checkpoint's run lock. Each table is one request of its own
+    in ``audit/erasure_log`` (reason ``contract v<N> marks more columns pii``).
+
+    Args:
+        config: the pipeline's config (its declared contracts are the new ones).
+        recorded: table name → the contract its tables hold (``audit/schema_log``).
+
+    Returns:
+        One report per table whose subjects were erased again (none when no erasure of a
+        table whose contract erases more was logged).
+
+    Raises:
+        CheckpointError: another run or command holds the checkpoint's lock.
+    """
+    due = []
+    for contract in config.contracts():
+        old = recorded.get(contract.name)
+        if old is None or not newly_pii(old, contract):
+            continue
+        hashes = erased_hashes(config, contract.name)
+        if hashes:
+            due.append((contract, hashes))
+    if not due:
+        return []
+    from cdcflow.state.checkpoint import Checkpoint
+
+    reports = []
+    with Checkpoint.of(config).lock():
+        for contract, hashes in due:
+            keys = _erased_keys(config, contract, hashes)
+            if not keys:
+                continue
+            texts = [row[0] if len(row) == 1 else json.dumps(list(row)) for row in keys]
+            reports.append(
+                erase(
+                    config,
+                    contract.name,
+                    texts,
+                    reason=f"contract v{contract.version} marks more columns pii",
+                    confirmed=True,
+                    own_reason=True,
+                )
+            )
     return reports
 
 

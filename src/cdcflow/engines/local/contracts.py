@@ -805,7 +805,18 @@ def open_tables(config: CdcflowConfig) -> tuple[DeltaStore, list[TableContract],
     optional = [*([SKIPPED] if decodes else []), *([TRUNCATES] if truncating else [])]
     for spec in (UNROUTED, TABLE_BATCH_LOG, BATCH_LOG, *optional):
         store.ensure(spec)
-    return store, contracts, evolve_tables(store, evolutions)
+    erased: list[str] = []
+    if checked is not None and evolutions:
+        # a column marked pii since an erasure: its subjects are erased again before the
+        # change is recorded (a crash in between does it again)
+        from cdcflow.layers.erasure import erase_newly_pii
+
+        for report in erase_newly_pii(config, recorded_contracts(store.table(SCHEMA_LOG))):
+            erased.append(
+                f"table {report.table}: {report.subjects} erased subject(s) erased again for "
+                "the columns now marked pii"
+            )
+    return store, contracts, evolve_tables(store, evolutions) + erased
 
 
 def _drift_checked(
