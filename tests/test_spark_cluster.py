@@ -49,11 +49,13 @@ CLUSTER_SCRIPT = REPO / "scripts" / "spark" / "cluster.sh"
 #: taking turns on one lake, included) and the SIGKILL crash chain.
 SUITES = ("tests/test_spark_conformance.py", "tests/test_crash_spark.py")
 #: The tests' cluster: its own home and port, so that a cluster a user started by hand (the
-#: script's defaults) is neither reused with other sizes nor stopped by the tests. Workers of
-#: two cores each: the shared session's two executors and a killed child's two fit at once.
+#: script's defaults) is neither reused with other sizes nor stopped by the tests; its port is
+#: below the kernel's ephemeral range (tests/ports.py), where no Spark JVM started earlier in
+#: the run can have taken it. Workers of two cores each: the shared session's two executors
+#: and a killed child's two fit at once.
 CLUSTER_ENV = {
     "CDCFLOW_SPARK_CLUSTER_HOME": str(REPO / ".spark-cluster" / "tests"),
-    "CDCFLOW_SPARK_MASTER_PORT": os.environ.get("CDCFLOW_TEST_SPARK_PORT", "37177"),
+    "CDCFLOW_SPARK_MASTER_PORT": os.environ.get("CDCFLOW_TEST_SPARK_PORT", "27177"),
     "CDCFLOW_SPARK_WORKERS": "2",
     "CDCFLOW_SPARK_WORKER_CORES": "2",
     "CDCFLOW_SPARK_WORKER_MEMORY": "1g",
