@@ -6,7 +6,7 @@
 # own Python workers: the driver/executor boundaries that local[N] hides.
 #
 #   CDCFLOW_SPARK_CLUSTER_HOME    logs, pid files and the workers' work dirs (default ./.spark-cluster)
-#   CDCFLOW_SPARK_MASTER_PORT     the master's port on 127.0.0.1 (default 37077)
+#   CDCFLOW_SPARK_MASTER_PORT     the master's port on 127.0.0.1 (default 27077)
 #   CDCFLOW_SPARK_WORKERS         number of workers (default 2)
 #   CDCFLOW_SPARK_WORKER_CORES    cores each worker offers (default 1)
 #   CDCFLOW_SPARK_WORKER_MEMORY   memory each worker offers to executors (default 1g)
@@ -28,7 +28,7 @@ case "$HOME_DIR" in
   *) HOME_DIR="$PWD/${HOME_DIR#./}" ;;
 esac
 HOME_DIR="${HOME_DIR%/}"
-PORT="${CDCFLOW_SPARK_MASTER_PORT:-37077}"
+PORT="${CDCFLOW_SPARK_MASTER_PORT:-27077}"
 WORKERS="${CDCFLOW_SPARK_WORKERS:-2}"
 CORES="${CDCFLOW_SPARK_WORKER_CORES:-1}"
 MEMORY="${CDCFLOW_SPARK_WORKER_MEMORY:-1g}"
