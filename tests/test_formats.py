@@ -452,6 +452,83 @@ def test_dms_flat_rows_op_and_a_35_digit_change_sequence() -> None:
     assert isinstance(missing, Rejection) and missing.reason == "NULL_LSN"
 
 
+def test_a_dms_row_is_the_whole_row_a_left_out_column_is_null() -> None:
+    """DMS leaves NULL columns out of its records (``IncludeNullAndEmpty`` is false by
+    default): an UPDATE without ``owner`` set it to NULL at the source, and Silver must say so
+    (an attack found the old value kept, as if the record were a partial update). Both
+    flavours; a DELETE still carries the key only."""
+    decoder = DmsDecoder()
+    ts = (NOW - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    insert = dms_message("insert", {"account_id": 1, "owner": "Ann", "balance": "5.00"}, ts,
+                         **{"transaction-id": 1, "transaction-record-id": 1})  # fmt: skip
+    update = dms_message("update", {"account_id": 1, "balance": "6.00"}, ts,
+                         **{"transaction-id": 2, "transaction-record-id": 1})  # fmt: skip
+    events = [validate(decoder.decode(v, ACCOUNTS)) for v in (insert, update)]
+    assert all(isinstance(e, ChangeEvent) for e in events), events
+    assert events[1].values["owner"] is None  # type: ignore[union-attr]
+    state = fold_changes(events, ACCOUNTS, "soft").rows  # type: ignore[arg-type]
+    assert (state[(1,)]["owner"], state[(1,)]["balance"]) == (None, Decimal("6.00"))
+    stamp = (NOW - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    flat = [
+        {"Op": "I", "account_id": 2, "owner": "Bo", "AR_H_CHANGE_SEQ": "10",
+         "AR_H_TIMESTAMP": stamp},
+        {"Op": "U", "account_id": 2, "balance": "1.00", "AR_H_CHANGE_SEQ": "11",
+         "AR_H_TIMESTAMP": stamp},
+    ]  # fmt: skip
+    flat_events = [validate(decoder.decode(v, ACCOUNTS)) for v in flat]
+    state = fold_changes(flat_events, ACCOUNTS, "soft").rows  # type: ignore[arg-type]
+    assert (state[(2,)]["owner"], state[(2,)]["balance"]) == (None, Decimal("1.00"))
+    delete = validate(decoder.decode(dms_message("delete", {"account_id": 1}, ts), ACCOUNTS))
+    assert isinstance(delete, ChangeEvent) and delete.values == {}
+
+
+def test_control_records_are_skipped_whatever_table_they_name() -> None:
+    """A DMS control message has ``control`` and no ``data``; a PostgreSQL logical decoding
+    message (Debezium ``op: m``) names no table: both are skipped, never quarantined as
+    ``UNKNOWN_TABLE`` (an attack found both in ``quarantine/unrouted_events``), on a file
+    source and on Kafka; a control record of a declared table keeps it as the skip's table."""
+
+    def dms_control(table: str) -> dict:
+        metadata = {"timestamp": NOW.isoformat(), "record-type": "control",
+                    "operation": "create-table", "partition-key-type": "task-id",
+                    "schema-name": "public", "table-name": table}  # fmt: skip
+        return {"control": {"table-def": {}}, "metadata": metadata}
+
+    dms = Router([ACCOUNTS.model_copy(update={"format": "dms"})], "dms")
+    for table, kept in (("accounts", "accounts"), ("awsdms_status", None)):
+        route = dms.route(json.dumps(dms_control(table)).encode())
+        assert route.skipped is not None and route.skipped.kind == "control", route
+        assert route.table == kept and route.rejection is None
+    message = dbz("m", None, lsn=500, table="")
+    message["payload"]["message"] = {"prefix": "audit", "content": "Y29udGVudA=="}
+    debezium = Router([ACCOUNTS], "debezium")
+    route = debezium.route(json.dumps(message).encode())
+    assert route.skipped is not None and route.skipped.kind == "control", route
+    kafka = Router([ACCOUNTS], "debezium", topic_tables={})
+    line = json.dumps({"_kafka": {"topic": "shop.message"}, "value": message}).encode()
+    route = kafka.route(line)
+    assert route.skipped is not None and route.rejection is None and route.table is None
+    # a record of an undeclared table is still unrouted
+    other = debezium.route(json.dumps(dbz("c", {"account_id": 1}, lsn=9, table="x")).encode())
+    assert other.rejection is not None and other.rejection.reason == "UNKNOWN_TABLE"
+
+
+def test_a_dms_flat_change_without_a_sequence_has_an_id_of_its_own() -> None:
+    """A flat change without ``AR_H_CHANGE_SEQ`` is ``NULL_LSN``, with an event id of its own
+    (was ``dms-None``, shared by every such record)."""
+    decoder = DmsDecoder()
+    stamp = (NOW - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    ids = []
+    for n in (1, 2):
+        record = {"Op": "U", "account_id": n, "owner": "X", "AR_H_TIMESTAMP": stamp}
+        flat = decoder.decode(record, ACCOUNTS)
+        assert isinstance(flat, dict)
+        ids.append(flat["event_id"])
+        rejected = validate(flat)
+        assert isinstance(rejected, Rejection) and rejected.reason == "NULL_LSN"
+    assert ids[0] != ids[1] and all(i.startswith("dms-") and "None" not in i for i in ids)
+
+
 @pytest.mark.parametrize("mode", ["soft", "hard"])
 def test_an_applied_truncate_deletes_every_key_with_an_earlier_event(mode: str) -> None:
     """``truncate: apply``: the truncate at LSN 200 deletes keys 1 and 2 (events before it),

@@ -8,7 +8,10 @@ For every record (a non-blank landing line, or a staged Kafka record value):
 1. parse it as JSON (:func:`cdcflow.plan.rules.parse_record`); a bad line is unrouted as
    ``MALFORMED_JSON``. A ``null`` value is a record too where a format allows it (a Debezium
    Kafka tombstone).
-2. find its table: the flat format's ``metadata.source_table`` (last dotted part); a
+2. a record that is no row change of any table — a DMS control record, a Debezium logical
+   decoding message (``op: m``) — is skipped, whatever table it names (a declared one is
+   kept as the skip's table) (:meth:`~cdcflow.sources.formats.RecordDecoder.skip_of`).
+   Otherwise find its table: the flat format's ``metadata.source_table`` (last dotted part); a
    Debezium event's ``source.table``; a DMS record's ``table-name`` /
    ``AR_M_SOURCE_TABLE_NAME`` — read by the decoder of each format in use, first the
    source's (``source.format``) — and only a table whose format is that decoder's takes it.
@@ -127,6 +130,12 @@ class Router:
                 return Route(
                     None, rejection=Rejection("MALFORMED_JSON", "JSON null is not an object")
                 )
+        for fmt, decoder in self._probes.items():  # a control record, whatever table it names
+            control = decoder.skip_of(parsed) if decoder is not None else None
+            if control is not None:
+                name = decoder.table_of(parsed) if decoder is not None else None
+                own = name in self.contracts and self.formats.get(name or "") == fmt
+                return Route(name if own else None, skipped=control)
         named: str | None = None
         for fmt in self._order:
             probe = self._probes[fmt]
@@ -168,11 +177,14 @@ class Router:
         mapped = (self.topic_tables or {}).get(topic)
         table = mapped or topic.rsplit(".", 1)[-1]
         value = staged.get("value")
+        fmt = self.formats.get(table, self._order[0])
+        probe = self._probes.get(fmt) or decoder_for(fmt)
+        control = probe.skip_of(value) if probe is not None else None
+        if control is not None:  # a control record, of a declared table or not
+            return Route(table if table in self.contracts else None, skipped=control)
         if mapped is None and isinstance(value, dict):
             # no explicit mapping: the table the record names wins over the topic's name (a
             # DMS task writes every table to one topic; a routing SMT merges topics)
-            fmt = self.formats.get(table, self._order[0])
-            probe = self._probes.get(fmt) or decoder_for(fmt)
             own = route_name(value) if probe is None else probe.table_of(value)
             if own is not None:
                 table = own

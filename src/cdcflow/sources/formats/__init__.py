@@ -74,6 +74,11 @@ class RecordDecoder(Protocol):
         """One parsed record (a JSON value; None for a null value) → the flat record of
         ``contract``, a rejection or a skip. Never raises."""
 
+    def skip_of(self, record: Any) -> Skipped | None:
+        """The skip of a parsed record that is no row change of any table (a DMS control
+        record, a Debezium logical decoding message), decided before routing: it may name no
+        table, or one not declared. None for any other record. Never raises."""
+
 
 def put_path(record: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``record[a][b]…`` for the dotted path ``a.b…`` (objects created on the way)."""
@@ -107,6 +112,10 @@ class FlatDecoder:
         from cdcflow.plan.contract_rules import route_name
 
         return route_name(record) if isinstance(record, dict) else None
+
+    def skip_of(self, record: Any) -> Skipped | None:
+        """None: a flat record is skipped by its table's policy only (:meth:`decode`)."""
+        return None
 
     def decode(self, record: Any, contract: TableContract) -> Decoded:
         """The record itself; a truncate: :class:`Skipped`; not an object: ``MALFORMED_JSON``."""

@@ -395,6 +395,20 @@ class DebeziumDecoder:
         table = source.get("table") if isinstance(source, dict) else None
         return table.strip() if isinstance(table, str) and table.strip() else None
 
+    def skip_of(self, record: Any) -> Skipped | None:
+        """A logical decoding message (``op`` ``m``: PostgreSQL's ``pg_logical_emit_message``,
+        whose ``source.table`` is empty), whatever table it names: skipped; else None."""
+        if not isinstance(record, dict):
+            return None
+        payload, _ = unwrap(record)
+        if (
+            isinstance(payload, dict)
+            and payload.get("op") == "m"
+            and isinstance(payload.get("source"), dict)
+        ):
+            return Skipped("control", "a logical decoding message (op m)")
+        return None
+
     def decode(self, record: Any, contract: TableContract) -> Decoded:
         """A change-event value → the flat record of ``contract`` (module doc). Never raises."""
         try:

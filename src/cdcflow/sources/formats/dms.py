@@ -41,7 +41,14 @@ HH:MM:SS.ffffff``, UTC), added by the task's header-column transformations:
   routes every record to it.
 * ``AR_H_*`` / ``AR_M_*`` headers and ``Op`` are not columns.
 
-A DELETE carries only the key columns (DMS sends the deleted row or its key).
+A DELETE carries only the key columns (DMS sends the deleted row or its key). Any other record
+is the whole row: a nullable column of the contract it leaves out is null — DMS leaves NULL
+columns out of its messages unless the endpoint's ``IncludeNullAndEmpty`` is true (AWS DMS User
+Guide, ``KafkaSettings`` / ``KinesisSettings``: "The default is false") — not unchanged as in a
+flat or Debezium record that leaves a column out.
+
+Control records (``record-type`` ``control``: a message with ``control`` and no ``data``, of a
+table declared or not) are skipped as ``control`` before routing (:meth:`DmsDecoder.skip_of`).
 """
 
 from __future__ import annotations
@@ -64,7 +71,19 @@ EPOCH = "1970-01-01T00:00:00Z"
 
 
 def _is_message(record: dict[str, Any]) -> bool:
-    return isinstance(record.get("metadata"), dict) and "data" in record
+    metadata = record.get("metadata")
+    if not isinstance(metadata, dict):
+        return False
+    return "data" in record or "control" in record or metadata.get("record-type") == "control"
+
+
+def _has_path(row: dict[str, Any], dotted: str) -> bool:
+    node: Any = row
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _digest(record: dict[str, Any]) -> str:
@@ -107,6 +126,17 @@ class DmsDecoder:
             name = record.get("AR_M_SOURCE_TABLE_NAME")
         return name.strip() if isinstance(name, str) and name.strip() else None
 
+    def skip_of(self, record: Any) -> Skipped | None:
+        """A control message (``metadata.record-type`` ``control``), whatever table it names:
+        skipped; else None."""
+        if (
+            isinstance(record, dict)
+            and _is_message(record)
+            and record["metadata"].get("record-type") == "control"
+        ):
+            return Skipped("control", "an AWS DMS control record")
+        return None
+
     def decode(self, record: Any, contract: TableContract) -> Decoded:
         """A DMS record → the flat record of ``contract`` (module doc). Never raises."""
         try:
@@ -120,8 +150,9 @@ class DmsDecoder:
 
     @staticmethod
     def _row(row: Any, operation: str, contract: TableContract) -> dict[str, Any] | Rejection:
-        """The row's columns (a DELETE: its key columns), or a rejection when a column has the
-        name of a field of the flat record."""
+        """The row's columns (a DELETE: its key columns; any other operation: the whole row,
+        a nullable column it leaves out null, module doc), or a rejection when a column has
+        the name of a field of the flat record."""
         row = row if isinstance(row, dict) else {}
         if operation == "DELETE":
             keys = [contract.column(k).field for k in contract.keys]
@@ -134,6 +165,11 @@ class DmsDecoder:
                 f"source column {sorted(reserved)[0]} has the name of a field of the flat "
                 "record: rename it at the source",
             )
+        if operation != "DELETE":
+            for column in contract.columns:
+                left_out = not _has_path(out, column.field)
+                if left_out and column.nullable and column.name not in contract.keys:
+                    put_path(out, column.field, None)
         return out
 
     def _message(self, record: dict[str, Any], contract: TableContract) -> Decoded:
@@ -197,11 +233,12 @@ class DmsDecoder:
             lsn: Any = "0"
         else:
             lsn = sequence
-            event_id = (
-                str(stream_position).strip()
-                if isinstance(stream_position, str) and stream_position.strip()
-                else f"dms-{str(sequence).strip()}"
-            )
+            if isinstance(stream_position, str) and stream_position.strip():
+                event_id = stream_position.strip()
+            elif sequence is not None and str(sequence).strip():
+                event_id = f"dms-{str(sequence).strip()}"
+            else:  # no position (NULL_LSN): an id of its own, not a shared "dms-None"
+                event_id = f"dms-{_digest(record)}"
         put_path(flat, contract.event_id_field, event_id)
         put_path(flat, contract.operation_field, operation)
         stamp = _flat_time(record.get("AR_H_TIMESTAMP")) or _flat_time(
