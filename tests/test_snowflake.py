@@ -666,3 +666,63 @@ def test_the_command_removes_the_emulators_stage_folder(sf_lake: Lake, tmp_path:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "snowflake reconciliation: EQUAL" in done.stdout + done.stderr
     assert not list(temp.glob("fakesnow_bucket_*"))
+
+
+def test_a_widened_decimal_and_a_composite_key_of_text_with_the_separator(
+    tmp_path: Path, emulator: dict[str, Any]
+) -> None:
+    """A contract that widens ``bal`` from decimal(10,2) to decimal(12,3) after a sync: the
+    next sync rebuilds the Snowflake table with NUMBER(12,3) and refreshes it from Silver, so
+    1.255 is not stored as 1.26 (an attack found the old type kept, every later value rounded
+    and ``--verify`` the only sign). And ``--verify`` tells the composite keys ("x|y", "z")
+    and ("x", "y|z") apart (joined by "|" they were one key: a lost row went unnoticed)."""
+    from cdcflow.pipeline import Pipeline, Trigger
+    from cdcflow.sinks.snowflake.reconcile import reconcile_target
+    from cdcflow.sinks.snowflake.tables import contract_target
+    from tests.test_tables_pipeline import _declare_tables, rec, write_files
+
+    columns = [{"name": "id", "type": "integer"}, {"name": "bal", "type": "decimal(10,2)"}]
+    acc = {"name": "acc", "keys": ["id"], "columns": columns}
+    ext = {"name": "ext", "keys": ["k1", "k2"], "columns": [{"name": "k1"}, {"name": "k2"},
+                                                            {"name": "note"}]}  # fmt: skip
+    section = SnowflakeSection(
+        database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:"
+    )
+    config = _declare_tables(tmp_path, [acc, ext])
+    config.snowflake = section
+    write_files(config, [[
+        json.dumps(rec("acc", "a1", "INSERT", 1, id=1, bal="1.25")),
+        *(json.dumps(rec("ext", f"x{i}", "INSERT", 2 + i, k1=k1, k2=k2, note="n"))
+          for i, (k1, k2) in enumerate([("x|y", "z"), ("x", "y|z"), ("p", "q")])),
+    ]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    sync_snowflake(config)
+    with connect(config) as conn:
+        conn.cursor().execute("DELETE FROM EXT_CURRENT WHERE K1 = 'x|y' AND K2 = 'z'")
+    lost = reconcile_target(config, contract_target(config.contracts()[1]))
+    assert not lost.equal and lost.missing == 1
+
+    widened = [columns[0], {"name": "bal", "type": "decimal(12,3)"}]
+    config = _declare_tables(tmp_path, [{**acc, "version": 2, "columns": widened}, ext])
+    config.snowflake = section
+    write_files(config, [[
+        json.dumps(rec("acc", "a2", "UPDATE", 10, id=1, bal="1.255")),
+        json.dumps(rec("acc", "a3", "INSERT", 11, id=2, bal="0.004")),
+    ]])  # fmt: skip
+    Pipeline(config).run(Trigger.parse("available-now"))
+    report = sync_snowflake(config)
+    assert [t.kind for t in report.tables] == ["full", "noop"]  # acc rebuilt
+    with connect(config) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT ID, BAL FROM ACC_CURRENT ORDER BY ID")
+        assert cur.fetchall() == [(1, Decimal("1.255")), (2, Decimal("0.004"))]
+        cur.execute(
+            "SELECT NUMERIC_PRECISION, NUMERIC_SCALE FROM INFORMATION_SCHEMA.COLUMNS "
+            "WHERE TABLE_NAME = 'ACC_CURRENT' AND COLUMN_NAME = 'BAL'"
+        )
+        assert cur.fetchone() == (12, 3)
+    assert reconcile_target(config, contract_target(config.contracts()[0])).equal
+    sync_snowflake(config, full=True)  # the lost row back
+    assert reconcile_target(config, contract_target(config.contracts()[1])).equal
+    again = sync_snowflake(config)
+    assert [t.kind for t in again.tables] == ["noop", "noop"]

@@ -275,7 +275,8 @@ def read_state(config: CdcflowConfig) -> pl.DataFrame:
 def reconcile_target(config: CdcflowConfig, target: SyncTarget) -> TableComparison:
     """Compare a declared table's Silver with its Snowflake table (one row per key).
 
-    Keys are the key columns' values joined by ``|``; values compare normalized
+    Keys are the key column's value as text (a composite key: the JSON list of its columns'
+    values as text); values compare normalized
     (:func:`_norm`; VARIANT and JSON text as parsed JSON).
 
     Raises:
@@ -294,7 +295,10 @@ def reconcile_target(config: CdcflowConfig, target: SyncTarget) -> TableComparis
         return _norm(value)
 
     def key_of(row: dict[str, Any]) -> str:
-        return "|".join(str(row[k]) for k in target.keys)
+        if len(target.keys) == 1:
+            return str(row[target.keys[0]])
+        # a JSON list: ("x|y", "z") and ("x", "y|z") stay two keys (joined by "|" they were one)
+        return json.dumps([str(row[k]) for k in target.keys], ensure_ascii=False)
 
     table = open_delta(config, target.silver)
     frame = to_polars(read_arrow(table, columns))

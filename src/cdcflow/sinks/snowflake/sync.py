@@ -721,6 +721,69 @@ def add_columns(cur: Any, target: SyncTarget) -> list[str]:
     return added
 
 
+def _held_type(data_type: Any, precision: Any, scale: Any) -> tuple[str, int | None, int | None]:
+    """A column type as ``INFORMATION_SCHEMA.COLUMNS`` names it: (kind, precision, scale)."""
+    kind = str(data_type).upper()
+    if kind != "NUMBER" or precision is None or scale is None:
+        return kind, None, None
+    return kind, int(precision), int(scale)
+
+
+def _wanted_type(sf_type: str) -> tuple[str, int | None, int | None]:
+    """A target column's Snowflake type (:func:`contract_sf_type`) as
+    ``INFORMATION_SCHEMA.COLUMNS`` names it (``VARCHAR`` is ``TEXT`` there)."""
+    if sf_type.startswith("NUMBER(") and sf_type.endswith(")"):
+        precision, scale = sf_type[7:-1].split(",")
+        return "NUMBER", int(precision), int(scale)
+    return {"VARCHAR": "TEXT"}.get(sf_type, sf_type), None, None
+
+
+def retyped_columns(config: CdcflowConfig, cur: Any, target: SyncTarget) -> list[str]:
+    """The columns of a declared table's Snowflake table whose type is not the one its
+    contract now maps to (a widened decimal, a key column of another type after ``cdcflow
+    schema accept``): upper case, in table order; empty when the table does not exist."""
+    where = target_of(config)
+    rows = _execute(
+        cur,
+        "SELECT COLUMN_NAME, DATA_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE "
+        "FROM INFORMATION_SCHEMA.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+        (where.schema, target.table.upper()),
+    ).fetchall()
+    held = {str(r[0]).upper(): _held_type(r[1], r[2], r[3]) for r in rows}
+    return [
+        name.upper()
+        for name, kind, _ in target.columns
+        if name.upper() in held and held[name.upper()] != _wanted_type(kind)
+    ]
+
+
+def rebuild_retyped(config: CdcflowConfig, cur: Any, target: SyncTarget) -> list[str]:
+    """Rebuild a declared table's Snowflake table when a column's type changed in its
+    contract: the table and its stage are dropped and created with the contract's types, and
+    its ``CDC_SYNC_STATE`` row removed, so this sync is a full refresh from Silver (which
+    holds every value exactly). Snowflake cannot change a NUMBER's scale in place, and a
+    value of the new type would otherwise be rounded to the old one or fail the MERGE on
+    every sync. Until the refresh commits the table is empty; a crash in between leaves no
+    state row, so the next sync refreshes it.
+
+    Returns:
+        The retyped columns (:func:`retyped_columns`); empty: nothing done.
+    """
+    retyped = retyped_columns(config, cur, target)
+    if not retyped:
+        return []
+    log.warning(
+        "snowflake table rebuilt: column types changed",
+        extra={"target": target.table, "columns": retyped},
+    )
+    _execute(cur, f"DELETE FROM {STATE_TABLE} WHERE TARGET_TABLE = %s", (target.table,))
+    _execute(cur, f"DROP TABLE IF EXISTS {target.stage}")
+    _execute(cur, f"DROP TABLE IF EXISTS {target.table}")
+    for statement in target_ddl(target):
+        _execute(cur, statement)
+    return retyped
+
+
 # ---------------------------------------------------------------- Silver → DIM
 
 
@@ -756,6 +819,8 @@ def sync_dim(
     with connect(config) as conn:
         cur = conn.cursor()
         ensure_tables(config, cur, target)
+        if target != CUSTOMERS_TARGET:  # a contract's column changed type: refreshed in full
+            rebuild_retyped(config, cur, target)
         source = f"{target.silver}#{silver.metadata().id}"  # a rebuilt lakehouse: another source
         synced = _state_version(cur, target.table, source)
         kind: SyncKind = "incremental"
