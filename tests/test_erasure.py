@@ -249,18 +249,41 @@ def test_erase_killed_at_every_step_finishes_when_run_again(tmp_path: Path) -> N
 
 
 def test_snowflake_rows_are_redacted_in_the_same_run(
-    tmp_path: Path, emulator: dict[str, Any]
+    tmp_path: Path, emulator: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The Snowflake table's rows of the subject are redacted by the erasure's sync, and so are
+    its stage's: the last micro-batch's inline sync fails after its load and leaves the
+    subject's new values in ``DIM_CUSTOMER_CURRENT_STAGE`` (an attack found them kept there,
+    and ``--verify`` passing)."""
+    from cdcflow.sinks.snowflake.faults import ENV_VAR
+
     lake = Lake(tmp_path)
     lake.config.snowflake = SnowflakeSection(
         database=f"TEST_{next(_db_numbers)}", emulator="on", emulator_path=":memory:",
         mode="inline",
     )  # fmt: skip
-    for records in subject_events():
+    events = subject_events()
+    for n, records in enumerate(events):
+        if n == len(events) - 1:
+            monkeypatch.setenv(ENV_VAR, "after_load")  # logged; the batch commits
         lake.write(records)
         lake.run()
+    monkeypatch.delenv(ENV_VAR)
     from cdcflow.layers.erasure import verify_erasure
     from cdcflow.sinks.snowflake.connection import connect
+
+    def staged() -> int:
+        with connect(lake.config) as conn:
+            cur = conn.cursor()
+            cur.execute(
+                "SELECT COUNT(*) FROM DIM_CUSTOMER_CURRENT_STAGE WHERE customer_id = %s",
+                (SUBJECT,),
+            )
+            return int(cur.fetchone()[0])
+
+    assert staged() > 0
+    before = verify_erasure(lake.config, "customers", [SUBJECT], VALUES)
+    assert not next(c for c in before if c.what.startswith("Snowflake")).ok
 
     def dim_row() -> tuple[Any, ...]:
         with connect(lake.config) as conn:
@@ -277,6 +300,7 @@ def test_snowflake_rows_are_redacted_in_the_same_run(
     report = erase(lake.config, "customers", [SUBJECT], confirmed=True)
     assert report.snowflake == "synced"
     assert dim_row() == (None, None, None, "Leeds")
+    assert staged() == 0
     checks = verify_erasure(lake.config, "customers", [SUBJECT], VALUES)
     assert all(c.ok for c in checks), [vars(c) for c in checks if not c.ok]
     assert any(c.what.startswith("Snowflake DIM_CUSTOMER_CURRENT") for c in checks)

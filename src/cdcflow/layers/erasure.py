@@ -1062,6 +1062,7 @@ def erase(
         step("syncing Snowflake")
         from cdcflow.sinks.snowflake.sync import sync_snowflake
 
+        redact_snowflake_stage(config, contract, subjects)
         sync_snowflake(config)
         report.snowflake = "synced"
     crash_point("erase_after_snowflake", 0)
@@ -1429,6 +1430,57 @@ def verify_erasure(
     return checks
 
 
+def _stage_rows(
+    cur: Any, contract: TableContract, subjects: Sequence[Subject]
+) -> list[tuple[Any, ...]] | None:
+    """The subjects' rows in the Snowflake table's stage (``<table>_STAGE``: rows of sync
+    attempts that failed before they removed them), each (``SYNC_ID``, its key values as
+    Snowflake returns them); None when the stage does not exist. Keys are compared as
+    :func:`key_text` writes them."""
+    stage = f"{contract.table_names.snowflake}_STAGE"
+    specs = [contract.column(k) for k in contract.keys]
+    columns = ", ".join(k.upper() for k in contract.keys)
+    try:
+        rows = cur.execute(f"SELECT DISTINCT SYNC_ID, {columns} FROM {stage}").fetchall()
+    except Exception:  # no stage: nothing was ever synced
+        return None
+    wanted = {s.key for s in subjects}
+
+    def text(value: Any, spec: ColumnSpec) -> str:
+        given = value.isoformat() if hasattr(value, "isoformat") else value
+        return key_text(str(given) if given is not None else "", spec)
+
+    return [
+        tuple(row)
+        for row in rows
+        if tuple(text(v, spec) for v, spec in zip(row[1:], specs, strict=True)) in wanted
+    ]
+
+
+def redact_snowflake_stage(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
+) -> int:
+    """Delete the subjects' rows from the Snowflake table's stage: a sync attempt that failed
+    after its load (an inline sync, a killed ``sync snowflake``) leaves its rows there, PII
+    included, until a later sync removes rows older than a day. Their changes are not lost:
+    the erasure's own sync that follows carries the subjects' rows, redacted, from Silver.
+
+    Returns:
+        Stage rows deleted.
+    """
+    from cdcflow.sinks.snowflake.connection import connect
+
+    stage = f"{contract.table_names.snowflake}_STAGE"
+    where = " AND ".join(f"{k.upper()} = %s" for k in contract.keys)
+    deleted = 0
+    with connect(config) as conn:
+        cur = conn.cursor()
+        for sync_id, *values in _stage_rows(cur, contract, subjects) or []:
+            cur.execute(f"DELETE FROM {stage} WHERE SYNC_ID = %s AND {where}", (sync_id, *values))
+            deleted += max(cur.rowcount or 0, 0)
+    return deleted
+
+
 def _snowflake_check(
     config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject], pii: list[str]
 ) -> Check:
@@ -1446,8 +1498,12 @@ def _snowflake_check(
                 return Check(f"Snowflake {table}: the subjects' rows hold no PII", False,
                              type(exc).__name__)  # fmt: skip
             bad += sum(v is not None for row in cur.fetchall() for v in row)
-    return Check(f"Snowflake {table}: the subjects' rows hold no PII", bad == 0,
-                 f"{bad} value(s) left" if bad else "")  # fmt: skip
+        staged = len(_stage_rows(cur, contract, subjects) or [])
+    left = [f"{bad} value(s) left"] if bad else []
+    if staged:
+        left.append(f"{staged} row(s) in {table}_STAGE")
+    return Check(f"Snowflake {table} and its stage: the subjects' rows hold no PII",
+                 not left, ", ".join(left))  # fmt: skip
 
 
 __all__ = [
