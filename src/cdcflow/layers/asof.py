@@ -51,7 +51,7 @@ def unreadable_version(
 ) -> str:
     """Why ``version`` of ``name`` cannot be read: before the earliest version its Delta log
     still holds (a vacuum ended time travel there: ``optimize``, ``cdcflow erase``), after the
-    latest, or the error itself."""
+    latest, a version the log lists whose data files a vacuum removed, or the error itself."""
     if version is not None:
         try:
             commits = log_versions(config.table_uri(name), config.storage.options)
@@ -65,6 +65,13 @@ def unreadable_version(
             )
         if commits and version > max(commits):
             return f"{name}: no version {version} (the latest is {max(commits)})"
+    text = str(exc)
+    if isinstance(exc, FileNotFoundError) or "No such file" in text or "NotFound" in text:
+        # the log still lists the version, but a vacuum removed the files it reads
+        return (
+            f"{name}: version {version} can no longer be read: its data files were vacuumed "
+            "(e.g. by cdcflow optimize or erase, after maintenance.vacuum_retention)"
+        )
     return f"{name}: cannot read version {version} ({exc})"
 
 
