@@ -409,3 +409,19 @@ def test_commands_that_read_the_lakehouse_name_a_missing_one(tmp_path: Path) -> 
     assert "--to-version 999: bronze/customer_events: no version 999 (the latest is 1)" in (
         one_error_line(beyond)
     )
+
+
+def test_a_snowflake_error_prints_no_value_it_quotes() -> None:
+    """Snowflake quotes the value it could not convert; a value may be personal data, so the
+    one-line error keeps the error number and the type but masks every quoted literal (an
+    attack saw a row's value printed). Other libraries' messages are kept as they are."""
+    from snowflake.connector.errors import ProgrammingError
+
+    from cdcflow.cli.app import unexpected_message
+
+    error = ProgrammingError(
+        msg="Could not convert string 'jane@example.com' to DECIMAL(10,3)", errno=100035
+    )
+    line = unexpected_message(error)
+    assert "jane@example.com" not in line and "100035" in line and "DECIMAL(10,3)" in line
+    assert unexpected_message(RuntimeError("keep 'this'")) == "unexpected RuntimeError: keep 'this'"

@@ -93,6 +93,9 @@ _OBJECT_STORE = ("Generic S3 error", "Generic MicrosoftAzure error", "Generic GC
 _QUOTED = 300
 
 
+#: A quoted literal in a database's error text.
+_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
 #: Where a Rust library's backtrace starts in its error text (delta-rs: ``\n   0: <unknown>``).
 _BACKTRACE = re.compile(r"\n\s*(?:Stack backtrace:|0: )")
 
@@ -105,6 +108,10 @@ def unexpected_message(exc: BaseException) -> str:
     if len(text) > _QUOTED:
         text = text[:_QUOTED] + "…"
     module = type(exc).__module__ or ""
+    if module.startswith("snowflake."):
+        # Snowflake quotes the values it cannot convert ("Could not convert string '…' to
+        # DECIMAL"): a value may be personal data, never printed (its error number stays)
+        text = _LITERAL.sub("'…'", text)
     if module.startswith("obstore") or any(mark in str(exc) for mark in _OBJECT_STORE):
         return (
             f"the object store of storage.root / checkpoint.location failed "
