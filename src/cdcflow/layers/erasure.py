@@ -598,12 +598,13 @@ def _raw_keys(text: str, contract: TableContract) -> list[tuple[str, ...]]:
     return [tuple(parts)]
 
 
-def _present(
-    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
+def _held_keys(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject] | None = None
 ) -> set[tuple[str, ...]]:
-    """The subjects' keys some layer holds (a row with the key, or a quarantined raw line
-    naming it)."""
-    wanted = {s.key for s in subjects}
+    """The keys (as :func:`key_text` writes them) some layer of the contract holds — a row
+    with the key, or a quarantined raw line naming it: those of ``subjects``, or with None
+    every key (read from every layer)."""
+    wanted = None if subjects is None else {s.key for s in subjects}
     held: set[tuple[str, ...]] = set()
     for layer in _layers(contract, config):
         table = _open(config, layer.name)
@@ -612,18 +613,31 @@ def _present(
         scan = _scan(table)
         columns = scan.collect_schema()
         if all(k in columns for k in contract.keys):
+            rows = (
+                scan if subjects is None else scan.filter(_key_filter(contract, subjects, columns))
+            )
             keys = (
-                scan.filter(_key_filter(contract, subjects, columns))
-                .select(_key_text_expr(k, contract.column(k), columns[k]) for k in contract.keys)
+                rows.select(
+                    _key_text_expr(k, contract.column(k), columns[k]) for k in contract.keys
+                )
                 .unique()
+                .drop_nulls()
                 .collect()
             )
             held.update(keys.iter_rows())
-        if layer.kind in QUARANTINES:
-            lines = scan.filter(_raw_key_filter(contract, subjects)).select("raw_line").collect()
-            for text in lines["raw_line"].to_list():
-                held.update(k for k in _raw_keys(text, contract) if k in wanted)
-    return held & wanted
+        if layer.kind in QUARANTINES and "raw_line" in columns:
+            lines = scan if subjects is None else scan.filter(_raw_key_filter(contract, subjects))
+            for text in lines.select("raw_line").collect()["raw_line"].drop_nulls().to_list():
+                held.update(k for k in _raw_keys(text, contract) if wanted is None or k in wanted)
+    return held
+
+
+def _present(
+    config: CdcflowConfig, contract: TableContract, subjects: Sequence[Subject]
+) -> set[tuple[str, ...]]:
+    """The subjects' keys some layer holds (a row with the key, or a quarantined raw line
+    naming it)."""
+    return _held_keys(config, contract, subjects) & {s.key for s in subjects}
 
 
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
@@ -1182,27 +1196,7 @@ def _erased_keys(
     hashes), the keys quarantined raw lines name too. Reads every layer's keys: only run
     when a contract change makes it needed."""
     secret = erasure_key(config)
-    found: set[tuple[str, ...]] = set()
-    for layer in _layers(contract, config):
-        table = _open(config, layer.name)
-        if table is None:
-            continue
-        scan = _scan(table)
-        columns = scan.collect_schema()
-        if all(k in columns for k in contract.keys):
-            keys = (
-                scan.select(
-                    _key_text_expr(k, contract.column(k), columns[k]) for k in contract.keys
-                )
-                .unique()
-                .drop_nulls()
-                .collect()
-            )
-            found.update(keys.iter_rows())
-        if layer.kind in QUARANTINES and "raw_line" in columns:
-            for text in scan.select("raw_line").collect()["raw_line"].drop_nulls().to_list():
-                found.update(_raw_keys(text, contract))
-    return sorted(k for k in found if subject_hash(k, secret) in hashes)
+    return sorted(k for k in _held_keys(config, contract) if subject_hash(k, secret) in hashes)
 
 
 def erase_newly_pii(
