@@ -131,10 +131,10 @@ class Router:
                     None, rejection=Rejection("MALFORMED_JSON", "JSON null is not an object")
                 )
         for fmt, decoder in self._probes.items():  # a control record, whatever table it names
-            control = decoder.skip_of(parsed) if decoder is not None else None
-            if control is not None:
-                name = decoder.table_of(parsed) if decoder is not None else None
-                own = name in self.contracts and self.formats.get(name or "") == fmt
+            control = None if decoder is None else decoder.skip_of(parsed)
+            if decoder is not None and control is not None:
+                name = decoder.table_of(parsed)
+                own = name is not None and name in self.contracts and self.formats[name] == fmt
                 return Route(name if own else None, skipped=control)
         named: str | None = None
         for fmt in self._order:
