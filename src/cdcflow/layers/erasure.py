@@ -1158,21 +1158,10 @@ def enforce_erasures(config: CdcflowConfig, batch_id: int) -> list[ErasureReport
             if "raw_line" in rows.columns:
                 for text in rows["raw_line"].to_list():
                     keys.update(_raw_keys(text, contract))
-        secret = erasure_key(config)
-        again = sorted(k for k in keys if subject_hash(k, secret) in hashes)
-        if not again:
-            continue
-        texts = [row[0] if len(row) == 1 else json.dumps(list(row)) for row in again]
-        reports.append(
-            erase(
-                config,
-                contract.name,
-                texts,
-                reason=f"late event of an erased subject (micro-batch {batch_id})",
-                confirmed=True,
-                own_reason=True,
-            )
-        )
+        reason = f"late event of an erased subject (micro-batch {batch_id})"
+        report = _erase_again(config, contract, keys, hashes, reason)
+        if report is not None:
+            reports.append(report)
     return reports
 
 
@@ -1188,15 +1177,21 @@ def newly_pii(old: TableContract, new: TableContract) -> list[str]:
     return sorted(after - before)
 
 
-def _erased_keys(
-    config: CdcflowConfig, contract: TableContract, hashes: set[str]
-) -> list[tuple[str, ...]]:
-    """The keys (as :func:`key_text` writes them) of the erased subjects ``hashes`` that some
-    layer of the contract holds: every key of every layer is hashed (the log keeps only the
-    hashes), the keys quarantined raw lines name too. Reads every layer's keys: only run
-    when a contract change makes it needed."""
+def _erase_again(
+    config: CdcflowConfig,
+    contract: TableContract,
+    keys: Iterable[tuple[str, ...]],
+    hashes: set[str],
+    reason: str,
+) -> ErasureReport | None:
+    """Erase again those of ``keys`` (as :func:`key_text` writes them) whose keyed hash is one
+    of the erased subjects' ``hashes``, under cdcflow's own ``reason``; None when none is."""
     secret = erasure_key(config)
-    return sorted(k for k in _held_keys(config, contract) if subject_hash(k, secret) in hashes)
+    again = sorted(k for k in keys if subject_hash(k, secret) in hashes)
+    if not again:
+        return None
+    texts = [row[0] if len(row) == 1 else json.dumps(list(row)) for row in again]
+    return erase(config, contract.name, texts, reason=reason, confirmed=True, own_reason=True)
 
 
 def erase_newly_pii(
@@ -1238,20 +1233,12 @@ def erase_newly_pii(
     reports = []
     with Checkpoint.of(config).lock():
         for contract, hashes in due:
-            keys = _erased_keys(config, contract, hashes)
-            if not keys:
-                continue
-            texts = [row[0] if len(row) == 1 else json.dumps(list(row)) for row in keys]
-            reports.append(
-                erase(
-                    config,
-                    contract.name,
-                    texts,
-                    reason=f"contract v{contract.version} marks more columns pii",
-                    confirmed=True,
-                    own_reason=True,
-                )
-            )
+            # every key the layers hold is hashed: the log keeps only the subjects' hashes
+            keys = _held_keys(config, contract)
+            reason = f"contract v{contract.version} marks more columns pii"
+            report = _erase_again(config, contract, keys, hashes, reason)
+            if report is not None:
+                reports.append(report)
     return reports
 
 
